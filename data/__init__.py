@@ -1,0 +1,1 @@
+"""Dataset packages in the tensorflow-datasets layout (one folder per dataset)."""

@@ -1,0 +1,325 @@
+"""Typed configuration: YAML presets that extend a base, `--set key=value` overrides.
+
+Every knob lives in one dataclass below with its default. Loading rejects unknown keys
+(with a did-you-mean), wrong types and out-of-range values before any work starts, and
+`save()` writes the resolved config into the run folder so a run can be reproduced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from train.errors import UserError, did_you_mean
+
+Auto = Literal["auto"]
+
+
+@dataclass
+class DataConfig:
+    """Where the examples come from; the dataset is built once into sharded TFRecords."""
+
+    source: str = "synthetic"  # synthetic | tfds:NAME | imagefolder:PATH
+    data_dir: str = "data/build"  # where built datasets live (git-ignored)
+    image_size: int = 64  # height = width of the images fed to the model
+    num_train: int = 10_000  # synthetic source only
+    num_val: int = 2_000  # synthetic source only
+    num_shards: int = 8  # TFRecord files per split
+
+
+@dataclass
+class PipelineConfig:
+    """Every knob of the one input-pipeline builder (train/pipeline.py)."""
+
+    reader: Literal["python", "tfrecord"] = "tfrecord"  # python: generator + PIL decode, one record at a time
+    shuffle_files: bool = True  # shuffle the shard order every epoch
+    parallel_reads: Union[int, Auto] = "auto"  # shards read at once by interleave; 1 reads them one after another
+    parallel_calls: Union[int, Auto] = "auto"  # parallelism of map (decode, augment); 1 is serial
+    deterministic: bool = False  # False lets parallel stages hand out whichever element is ready first
+    cache: Literal["none", "memory", "auto"] = "auto"  # auto: cache decoded images when they fit in cache_limit_mb
+    cache_limit_mb: int = 4096
+    shuffle_buffer: int = 10_000  # 0 turns the element shuffle off
+    batch_size: int = 256
+    drop_remainder: bool = True  # static batch shape for XLA and for even replicas
+    augment: Literal["none", "python", "per_example", "batched"] = "batched"  # python: numpy in the generator
+    prefetch: Union[int, Auto] = "auto"  # batches prepared ahead of the model; 0 turns it off
+    autotune: bool = True  # let tf.data tune parallelism and buffer sizes
+    private_threadpool_size: int = 0  # 0 uses TensorFlow's shared inter-op pool
+    max_intra_op_parallelism: int = 0  # 0 lets one op use every core; 1 keeps ops from fighting the model for cores
+    data_service: Union[str, None] = None  # grpc://HOST:PORT of a tf.data service dispatcher
+    data_service_mode: Literal["parallel_epochs", "distributed_epoch"] = "parallel_epochs"
+
+
+@dataclass
+class ModelConfig:
+    """A model from the registry (train/models.py); other keys are that model's parameters."""
+
+    name: str = "resnet"
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    learning_rate: float = 0.005
+    steps_per_epoch: Union[int, None] = None  # None: one pass over the training split
+    warmup_steps: int = 20  # excluded from examples/s and step time
+    precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    jit_compile: Union[bool, Auto] = "auto"  # XLA
+    steps_per_execution: Union[int, Auto] = "auto"
+    strategy: Literal["auto", "default", "mirrored", "multi_worker"] = "auto"
+    seed: int = 0
+
+
+@dataclass
+class ProfileConfig:
+    """A TensorBoard profile of a window of steady-state steps, with real step markers."""
+
+    enabled: bool = True
+    start_step: int = 30
+    num_steps: int = 10
+
+
+@dataclass
+class MonitorConfig:
+    """Background sampling of GPU (NVML) and CPU utilization during training."""
+
+    enabled: bool = True
+    interval_s: float = 0.5
+
+
+@dataclass
+class Config:
+    name: str = "run"
+    description: str = ""
+    runs_dir: str = "runs"
+    data: DataConfig = field(default_factory=DataConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.name
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _build(cls: type, values: dict, where: str, source: str) -> Any:
+    """Instantiate dataclass `cls` from `values`, rejecting unknown keys and wrong types."""
+    if not isinstance(values, dict):
+        raise UserError(f"{source}: '{where or 'the top level'}' must be a mapping of keys to values, got {values!r}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if cls is ModelConfig:
+        values = {"name": values.get("name", ModelConfig.name),
+                  "params": {k: v for k, v in values.items() if k != "name"}}
+    kwargs = {}
+    for key, value in values.items():
+        dotted = f"{where}.{key}" if where else key
+        if key not in fields:
+            raise UserError(
+                f"{source}: unknown key '{dotted}'.{did_you_mean(key, fields)} "
+                f"Valid keys{' under ' + repr(where) if where else ''}: {', '.join(fields)}. "
+                "Fix or remove the key and run again."
+            )
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, dotted, source)
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and tp is float:
+            value = float(value)
+        if not _matches(value, tp):
+            raise UserError(
+                f"{source}: '{dotted}' must be {_type_name(tp)}, got {value!r}. "
+                f"Set it to a valid value, e.g. --set {dotted}={_example(tp, fields[key])}."
+            )
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _example(tp: Any, f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING and f.default is not None:
+        default = f.default
+        return str(default).lower() if isinstance(default, bool) else str(default)
+    args = typing.get_args(tp)
+    return str(args[0]) if args else "..."
+
+
+def _check_ranges(cfg: Config, source: str) -> None:
+    problems = []
+
+    def need(ok: bool, key: str, value: Any, rule: str) -> None:
+        if not ok:
+            problems.append(f"'{key}' is {value!r} but must be {rule}")
+
+    d, p, t = cfg.data, cfg.pipeline, cfg.train
+    need(d.image_size >= 8, "data.image_size", d.image_size, ">= 8")
+    need(d.num_train >= 1, "data.num_train", d.num_train, ">= 1")
+    need(d.num_val >= 1, "data.num_val", d.num_val, ">= 1")
+    need(d.num_shards >= 1, "data.num_shards", d.num_shards, ">= 1")
+    if d.source == "synthetic":
+        need(d.num_shards <= min(d.num_train, d.num_val), "data.num_shards", d.num_shards,
+             f"at most the number of examples in the smallest split ({min(d.num_train, d.num_val)})")
+    need(p.batch_size >= 1, "pipeline.batch_size", p.batch_size, ">= 1")
+    for key in ("parallel_reads", "parallel_calls"):
+        value = getattr(p, key)
+        need(value == "auto" or value >= 1, f"pipeline.{key}", value, "'auto' or >= 1")
+    need(p.prefetch == "auto" or p.prefetch >= 0, "pipeline.prefetch", p.prefetch, "'auto' or >= 0")
+    need(p.shuffle_buffer >= 0, "pipeline.shuffle_buffer", p.shuffle_buffer, ">= 0")
+    need(p.cache_limit_mb >= 0, "pipeline.cache_limit_mb", p.cache_limit_mb, ">= 0")
+    need(p.private_threadpool_size >= 0, "pipeline.private_threadpool_size", p.private_threadpool_size, ">= 0")
+    need(p.max_intra_op_parallelism >= 0, "pipeline.max_intra_op_parallelism", p.max_intra_op_parallelism, ">= 0")
+    need(p.augment != "python" or p.reader == "python", "pipeline.augment", p.augment,
+         "'none', 'per_example' or 'batched' unless pipeline.reader is 'python' (numpy augmentation runs in the generator)")
+    need(p.data_service is None or p.data_service.startswith("grpc://"), "pipeline.data_service", p.data_service,
+         "null or an address like grpc://localhost:5050")
+    need(p.data_service is None or p.reader == "tfrecord", "pipeline.reader", p.reader,
+         "'tfrecord' when pipeline.data_service is set (a Python generator cannot run on service workers)")
+    need(t.epochs >= 1, "train.epochs", t.epochs, ">= 1")
+    need(t.learning_rate > 0, "train.learning_rate", t.learning_rate, "> 0")
+    need(t.steps_per_epoch is None or t.steps_per_epoch >= 1, "train.steps_per_epoch", t.steps_per_epoch, "null or >= 1")
+    need(t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, ">= 0")
+    need(t.steps_per_execution == "auto" or t.steps_per_execution >= 1, "train.steps_per_execution",
+         t.steps_per_execution, "'auto' or >= 1")
+    need(cfg.profile.start_step >= 0, "profile.start_step", cfg.profile.start_step, ">= 0")
+    need(cfg.profile.num_steps >= 1, "profile.num_steps", cfg.profile.num_steps, ">= 1")
+    need(cfg.monitor.interval_s > 0, "monitor.interval_s", cfg.monitor.interval_s, "> 0")
+    need(bool(cfg.name) and "/" not in cfg.name and cfg.name not in (".", ".."), "name", cfg.name,
+         "a non-empty folder name without '/'")
+    if problems:
+        raise UserError(f"{source}: " + "; ".join(problems) + ". Fix the value(s) and run again.")
+
+
+def _merge(base: dict, override: dict) -> dict:
+    merged = dict(base)
+    for key, value in override.items():
+        if key == "model" and _switches_model(merged.get(key), value):
+            merged[key] = value  # another model's parameters would not apply
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _switches_model(base, override) -> bool:
+    return isinstance(base, dict) and isinstance(override, dict) and override.get("name", base.get("name")) != base.get(
+        "name")
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """Read one preset, following `extends:` (relative to the file) into a merged dict."""
+    path = path.resolve()
+    if path in seen:
+        raise UserError(f"{path}: 'extends' forms a cycle ({' -> '.join(str(p) for p in seen + (path,))}).")
+    if not path.is_file():
+        presets = sorted(str(p) for p in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
+        raise UserError(f"Config file '{path}' does not exist. Pass an existing file to --config"
+                        + (f", e.g. one of: {', '.join(presets)}." if presets else "."))
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise UserError(f"{path} is not valid YAML ({error}). Fix the syntax and run again.") from None
+    if not isinstance(values, dict):
+        raise UserError(f"{path} must hold a mapping of keys to values, not {type(values).__name__}.")
+    parent = values.pop("extends", None)
+    if parent is None:
+        return values
+    if not isinstance(parent, str):
+        raise UserError(f"{path}: 'extends' must be a file name, got {parent!r}.")
+    return _merge(_read_yaml(path.parent / parent, seen + (path,)), values)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'pipeline.batch_size=64' -> (['pipeline', 'batch_size'], 64); values are parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set '{text}' must look like key=value, e.g. --set pipeline.batch_size=64.")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def load(path: str | Path | None = None, overrides: list[str] = (), name: str | None = None,
+         layers: list[str | Path] = ()) -> Config:
+    """Load a preset (or the defaults), merge `layers` (partial presets) and `--set` overrides.
+
+    Everything is validated before anything runs; the first problem is raised as UserError.
+    """
+    values = _read_yaml(Path(path)) if path else {}
+    if path and "name" not in values:
+        values["name"] = Path(path).stem
+    for layer in layers:
+        values = _merge(values, _read_yaml(Path(layer)))
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys == ["model", "name"] and _switches_model(values.get("model"), {"name": value}):
+            values["model"] = {}
+        node = values
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set '{text}': '{key}' is a value, not a section.")
+        node[keys[-1]] = value
+    if name:
+        values["name"] = name
+    source = " + ".join([str(path) if path else "config"] + [str(layer) for layer in layers])
+    if overrides:
+        source += " (with --set " + " ".join(overrides) + ")"
+    cfg = _build(Config, values, "", source)
+    _check_ranges(cfg, source)
+    from train import models
+
+    cfg.model.params = models.resolve_params(cfg.model.name, cfg.model.params, source)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict:
+    values = dataclasses.asdict(cfg)
+    values["model"] = {"name": cfg.model.name, **cfg.model.params}
+    return values
+
+
+def save(cfg: Config, path: Path, header: str = "") -> None:
+    """Write the resolved config; `load(path)` reads it back unchanged."""
+    text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(comment + text)
+    tmp.replace(path)

@@ -1,0 +1,19 @@
+"""Errors meant for the person at the keyboard, not for a stack trace."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class UserError(Exception):
+    """A problem the user can fix: the message names the file, key or value and the fix.
+
+    The CLI prints it as one paragraph and exits with status 2, without a traceback.
+    """
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' Did you mean 'x'?' when a close match exists, else ''."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{match[0]}'?" if match else ""

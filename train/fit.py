@@ -1,0 +1,183 @@
+"""One training run: config -> device choices -> pipeline -> model -> `model.fit` -> run folder.
+
+The run folder (runs/<name>/) is the interface to everything that analyses a run:
+    config.yaml        the resolved config (every `auto` replaced by the choice made here)
+    train/, validation/  TensorBoard events: loss, accuracy, examples/s, step time
+    system/            TensorBoard events: CPU and GPU utilization samples
+    plugins/profile/   the TensorBoard profile of a steady-state window, with step markers
+    summary.json       the figures: examples/s, step time, accuracy, utilization, device
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from train import config as config_lib
+from train import datasets, devices, models, pipeline
+from train.config import Config
+from train.monitor import MonitorCallback, Sampler
+from train.profiling import StepTraceProfiler
+from train.throughput import StepTimer
+
+RUN_OUTPUTS = ("config.yaml", "summary.json", "train", "validation", "system", "plugins")
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write JSON atomically: readers never see a half-written file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def _fresh_run_dir(run_dir: Path) -> None:
+    """Clear what an earlier run of the same name wrote, so events and profiles don't mix."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def resolved_config(cfg: Config, choices: devices.Choices) -> Config:
+    train = dataclasses.replace(
+        cfg.train,
+        precision=choices.precision,
+        jit_compile=choices.jit_compile,
+        steps_per_execution=choices.steps_per_execution,
+        strategy=choices.strategy,
+    )
+    return dataclasses.replace(cfg, train=train)
+
+
+def _strategy(name: str) -> tf.distribute.Strategy:
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if name == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def _profile_window(cfg: Config, total_steps: int) -> tuple[int, int]:
+    """The configured window, moved earlier when the run is too short to reach it."""
+    num = min(cfg.profile.num_steps, total_steps)
+    start = min(cfg.profile.start_step, max(0, total_steps - num - 1))
+    return start, num
+
+
+def run(cfg: Config, config_path: str | None = None, build_hint: str = "make data", log=print) -> dict:
+    """Train `cfg` and return its summary (also written to runs/<name>/summary.json)."""
+    spec = datasets.locate(cfg.data, build_hint)
+    found = devices.detect()
+    choices = devices.resolve(cfg.train, found)
+    cfg = resolved_config(cfg, choices)
+    run_dir = cfg.run_dir
+    _fresh_run_dir(run_dir)
+    header = "\n".join(
+        [f"Resolved config of run '{cfg.name}' on {found.describe()}."]
+        + [f"auto {key}: {reason}" for key, reason in choices.reasons.items()]
+    )
+    config_lib.save(cfg, run_dir / "config.yaml", header)
+
+    knobs = cfg.pipeline
+    log(f"[{cfg.name}] device: {found.describe()}")
+    log(f"[{cfg.name}] pipeline: {pipeline.describe(knobs, spec, spec.num_train)}")
+    log(f"[{cfg.name}] precision={choices.precision} jit_compile={choices.jit_compile} "
+        f"steps_per_execution={choices.steps_per_execution} strategy={choices.strategy}")
+
+    keras.utils.set_random_seed(cfg.train.seed)
+    keras.mixed_precision.set_global_policy(choices.precision)
+    strategy = _strategy(choices.strategy)
+    train_ds = pipeline.build(spec.train_files, spec, knobs, training=True,
+                              num_examples=spec.num_train, seed=cfg.train.seed)
+    val_ds = pipeline.build(spec.val_files, spec, knobs, training=False,
+                            num_examples=spec.num_val, seed=cfg.train.seed)
+    with strategy.scope():
+        model = models.build_model(cfg.model.name, spec.image_shape, spec.num_classes, cfg.model.params)
+        model.compile(
+            optimizer=keras.optimizers.Adam(cfg.train.learning_rate),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            jit_compile=choices.jit_compile,
+            steps_per_execution=choices.steps_per_execution,
+        )
+
+    steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(spec.num_train, knobs.batch_size,
+                                                                   knobs.drop_remainder)
+    timer = StepTimer(knobs.batch_size, cfg.train.warmup_steps, run_dir / "train")
+    callbacks = []
+    profiler = None
+    if cfg.profile.enabled:
+        start, num = _profile_window(cfg, steps * cfg.train.epochs)
+        profiler = StepTraceProfiler(run_dir, start, num)
+        callbacks.append(profiler)  # before the timer: profiler start/stop stay outside timed steps
+    callbacks.append(timer)
+    sampler = None
+    if cfg.monitor.enabled:
+        sampler = Sampler(cfg.monitor.interval_s)
+        callbacks.append(MonitorCallback(sampler, run_dir / "system", log=lambda m: log(f"[{cfg.name}] {m}")))
+    callbacks.append(keras.callbacks.TensorBoard(log_dir=str(run_dir), write_graph=False, profile_batch=0))
+
+    started = time.perf_counter()
+    history = model.fit(
+        train_ds,
+        epochs=cfg.train.epochs,
+        steps_per_epoch=steps,
+        validation_data=val_ds,
+        validation_steps=pipeline.steps_per_epoch(spec.num_val, knobs.batch_size, drop_remainder=False),
+        callbacks=callbacks,
+        verbose=1 if sys.stdout.isatty() else 2,
+    )
+    wall = time.perf_counter() - started
+
+    metrics = history.history
+    summary = {
+        "name": cfg.name,
+        "config": config_path,
+        "device": found.describe(),
+        "device_kind": found.kind,
+        "choices": {**dataclasses.asdict(choices)},
+        "model": cfg.model.name,
+        "model_params": cfg.model.params,
+        "parameters": int(model.count_params()),
+        "dataset": {"name": spec.name, "root": str(spec.root), "num_train": spec.num_train,
+                    "num_val": spec.num_val, "image_shape": list(spec.image_shape),
+                    "num_classes": spec.num_classes},
+        "pipeline": pipeline.describe(knobs, spec, spec.num_train),
+        "batch_size": knobs.batch_size,
+        "epochs": cfg.train.epochs,
+        "steps_per_epoch": steps,
+        "warmup_steps": cfg.train.warmup_steps,
+        **timer.summary(),
+        "final_loss": _last(metrics, "loss"),
+        "final_accuracy": _last(metrics, "accuracy"),
+        "val_loss": _last(metrics, "val_loss"),
+        "val_accuracy": _last(metrics, "val_accuracy"),
+        "history": {k: [float(x) for x in v] for k, v in metrics.items()},
+        "wall_time_s": wall,
+        "profile": {"enabled": profiler is not None,
+                    "profiled_steps": profiler.profiled_steps if profiler else 0,
+                    "logdir": str(run_dir)},
+    }
+    if sampler is not None:
+        summary["utilization"] = sampler.summary(since=timer.steady_since or 0.0)
+        summary["cpu_utilization_percent"] = (summary["utilization"]["cpu_utilization_percent"] or {}).get("mean")
+        summary["gpu_utilization_percent"] = summary["utilization"]["gpu_utilization_percent"]
+    write_json(run_dir / "summary.json", summary)
+    log(f"[{cfg.name}] {summary['examples_per_sec']:.0f} examples/s, step {summary['step_time_ms']:.1f} ms, "
+        f"val_accuracy {summary['val_accuracy']:.3f}  ->  {run_dir}/summary.json")
+    return summary
+
+
+def _last(metrics: dict, key: str) -> float | None:
+    values = metrics.get(key)
+    return float(values[-1]) if values else None

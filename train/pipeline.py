@@ -1,0 +1,189 @@
+"""The one input-pipeline builder. Every knob is explicit in `PipelineConfig`.
+
+The naive baseline and the optimized pipeline are presets of these knobs
+(configs/naive.yaml, configs/optimized.yaml); the ladder turns them on one at a time.
+Stages, in order, each switched by its knob:
+
+    read      python: a generator reads records and decodes JPEGs with PIL, one by one
+              tfrecord: shard list (shuffled) -> interleave(TFRecordDataset) -> map(parse+decode)
+    cache     decoded images in memory, when they fit
+    shuffle   element shuffle buffer
+    augment   python (in the generator) | per_example (map) | batched (vectorized, after batch)
+    batch
+    repeat    training only: the iterator lives across epochs, so prefetch spans the boundary
+    service   optional: the stages above run on tf.data service workers
+    prefetch
+
+Elements are (uint8 images [B, H, W, C], int64 labels [B]).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from train import augment, records
+from train.config import PipelineConfig
+from train.datasets import DatasetSpec
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+# PIL decodes with libjpeg's accurate integer DCT; asking TensorFlow for the same makes
+# both readers produce identical pixels, so the two presets really yield the same examples.
+JPEG_DCT_METHOD = "INTEGER_ACCURATE"
+
+
+def _auto(value: int | str) -> int:
+    return AUTOTUNE if value == "auto" else int(value)
+
+
+def decoded_size_mb(spec: DatasetSpec, num_examples: int) -> float:
+    height, width, channels = spec.image_shape
+    return num_examples * height * width * channels / 2**20
+
+
+def cache_enabled(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int) -> bool:
+    if knobs.cache == "auto":
+        return decoded_size_mb(spec, num_examples) <= knobs.cache_limit_mb
+    return knobs.cache == "memory"
+
+
+def decode_image(encoded, spec: DatasetSpec):
+    """Bytes -> uint8 [H, W, C] with a static shape."""
+    if spec.encoding == "jpeg":
+        image = tf.io.decode_jpeg(encoded, channels=spec.image_shape[2], dct_method=JPEG_DCT_METHOD)
+    else:
+        image = tf.io.decode_image(encoded, channels=spec.image_shape[2], expand_animations=False)
+    image.set_shape(spec.image_shape)
+    return image
+
+
+def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bool, seed: int) -> tf.data.Dataset:
+    """What most first pipelines look like: a Python loop that reads, decodes and augments."""
+    from PIL import Image
+
+    epochs = itertools.count()
+    python_augment = training and knobs.augment == "python"
+
+    def examples():
+        rng = np.random.default_rng([seed, next(epochs)])
+        order = list(files)
+        if training and knobs.shuffle_files:
+            rng.shuffle(order)
+        for path in order:
+            for payload in records.iter_records(path):
+                encoded, label = records.parse_example(payload)
+                image = np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB"))
+                if python_augment:
+                    image = augment.numpy_augment(image, rng)
+                yield image, label
+
+    signature = (
+        tf.TensorSpec(shape=spec.image_shape, dtype=tf.uint8),
+        tf.TensorSpec(shape=(), dtype=tf.int64),
+    )
+    return tf.data.Dataset.from_generator(examples, output_signature=signature)
+
+
+def _tfrecord_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bool, seed: int) -> tf.data.Dataset:
+    """Shard list -> interleaved TFRecord reads -> parallel parse and decode."""
+    file_list = tf.data.Dataset.from_tensor_slices(list(files))
+    if training and knobs.shuffle_files:
+        file_list = file_list.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if knobs.parallel_reads == 1:
+        serialized = tf.data.TFRecordDataset(file_list)
+    else:
+        parallel_reads = _auto(knobs.parallel_reads)
+        serialized = file_list.interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=parallel_reads,
+            num_parallel_calls=parallel_reads,
+            deterministic=knobs.deterministic,
+        )
+    spec_features = records.feature_spec()
+
+    def parse_and_decode(payload):
+        example = tf.io.parse_single_example(payload, spec_features)
+        return decode_image(example["image"], spec), example["label"]
+
+    return serialized.map(parse_and_decode, num_parallel_calls=_auto(knobs.parallel_calls),
+                          deterministic=knobs.deterministic)
+
+
+def options(knobs: PipelineConfig) -> tf.data.Options:
+    opts = tf.data.Options()
+    opts.deterministic = knobs.deterministic
+    opts.autotune.enabled = knobs.autotune
+    # tf.data quietly appends a prefetch when autotuning; "no prefetch" must mean none.
+    opts.experimental_optimization.inject_prefetch = knobs.prefetch != 0
+    if knobs.private_threadpool_size:
+        opts.threading.private_threadpool_size = knobs.private_threadpool_size
+    if knobs.max_intra_op_parallelism:
+        opts.threading.max_intra_op_parallelism = knobs.max_intra_op_parallelism
+    return opts
+
+
+def build(
+    files,
+    spec: DatasetSpec,
+    knobs: PipelineConfig,
+    *,
+    training: bool,
+    num_examples: int,
+    seed: int = 0,
+    batch_size: int | None = None,
+) -> tf.data.Dataset:
+    """The input pipeline for one split. `training=False` reads in order without augmentation."""
+    batch_size = batch_size or knobs.batch_size
+    reader = _python_reader if knobs.reader == "python" else _tfrecord_reader
+    dataset = reader(files, spec, knobs, training, seed)
+    if cache_enabled(knobs, spec, num_examples):
+        dataset = dataset.cache()
+    if training and knobs.shuffle_buffer:
+        dataset = dataset.shuffle(knobs.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    parallel_calls = _auto(knobs.parallel_calls)
+    if training and knobs.augment == "per_example":
+        dataset = dataset.map(augment.tf_augment_one, num_parallel_calls=parallel_calls,
+                              deterministic=knobs.deterministic)
+    dataset = dataset.batch(batch_size, drop_remainder=training and knobs.drop_remainder)
+    if training and knobs.augment == "batched":
+        dataset = dataset.map(augment.tf_augment_batch, num_parallel_calls=parallel_calls,
+                              deterministic=knobs.deterministic)
+    if training:
+        dataset = dataset.repeat()
+    if knobs.prefetch:
+        dataset = dataset.prefetch(_auto(knobs.prefetch))
+    return dataset.with_options(options(knobs))
+
+
+def steps_per_epoch(num_examples: int, batch_size: int, drop_remainder: bool) -> int:
+    steps = num_examples // batch_size if drop_remainder else -(-num_examples // batch_size)
+    return max(1, steps)
+
+
+def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int) -> str:
+    """One line naming the stages this preset turns on, for logs and reports."""
+    if knobs.reader == "python":
+        stages = ["python generator (PIL decode)"]
+    else:
+        reads = "sequential reads" if knobs.parallel_reads == 1 else f"interleave({knobs.parallel_reads})"
+        stages = [f"tfrecord {reads}", f"map(decode, {knobs.parallel_calls})"]
+    if cache_enabled(knobs, spec, num_examples):
+        stages.append(f"cache ({decoded_size_mb(spec, num_examples):.0f} MB)")
+    if knobs.shuffle_buffer:
+        stages.append(f"shuffle({knobs.shuffle_buffer})")
+    if knobs.augment != "none":
+        stages.append(f"augment[{knobs.augment}]")
+    stages.append(f"batch({knobs.batch_size})")
+    if knobs.data_service:
+        stages.append(f"tf.data service ({knobs.data_service_mode})")
+    stages.append(f"prefetch({knobs.prefetch})" if knobs.prefetch else "no prefetch")
+    return " -> ".join(stages)
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,0 +1,57 @@
+"""TensorBoard profiles that xprof can analyse, and their analysis without a server.
+
+Capture: the stock Keras 3 TensorBoard callback marks profiled batches without the `_r=1`
+flag, so xprof finds no step marker and reports no step time (openxla/xprof#578). The
+callback below wraps each profiled step in `Trace("train", step_num=..., _r=1)`, opened in
+`on_train_batch_begin` and closed in `on_train_batch_end`; Keras fetches the batch between
+the two, so the marked step covers waiting for input and running the step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+
+class StepTraceProfiler(keras.callbacks.Callback):
+    """Profile the steps in [start_step, start_step + num_steps) into `logdir/plugins/profile`."""
+
+    def __init__(self, logdir: Path, start_step: int, num_steps: int):
+        super().__init__()
+        self.logdir = str(logdir)
+        self.start_step = start_step
+        self.num_steps = num_steps
+        self.step = 0
+        self.profiled_steps = 0
+        self._state = "waiting"  # waiting -> active -> done
+        self._trace = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # Starting and stopping the profiler happen here, before StepTimer reads its clock.
+        if self._state == "active" and self.step >= self.start_step + self.num_steps:
+            self._stop()
+        if self._state == "waiting" and self.step >= self.start_step:
+            tf.profiler.experimental.start(self.logdir)
+            self._state = "active"
+        if self._state == "active":
+            self._trace = tf.profiler.experimental.Trace("train", step_num=self.step, _r=1)
+            self._trace.__enter__()
+        self._first_batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps = batch - self._first_batch + 1
+        if self._trace is not None:
+            self._trace.__exit__(None, None, None)
+            self._trace = None
+            self.profiled_steps += steps
+        self.step += steps
+
+    def on_train_end(self, logs=None):
+        if self._state == "active":
+            self._stop()
+
+    def _stop(self):
+        tf.profiler.experimental.stop()
+        self._state = "done"

@@ -1,0 +1,79 @@
+"""Examples per second and step time, measured the way benchmarks should: warm-up excluded.
+
+Keras fetches the next batch inside the train function, between `on_train_batch_begin`
+and `on_train_batch_end`, so the time between those two hooks is the whole step: waiting
+for input plus compute. With `steps_per_execution = N` the hooks fire once per N steps.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Times every training execution; writes examples/s and step time per epoch to TensorBoard."""
+
+    def __init__(self, batch_size: int, warmup_steps: int, logdir: Path | None = None):
+        super().__init__()
+        self.batch_size = batch_size
+        self.warmup_steps = warmup_steps
+        self.logdir = logdir
+        self.step = 0
+        self.records: list[tuple[int, int, float]] = []  # (epoch, steps, seconds) after warm-up
+        self.warmup_records: list[tuple[int, int, float]] = []
+        self.steady_since: float | None = None  # wall-clock time when warm-up ended
+        self._epoch = 0
+        self._writer = None
+
+    def on_train_begin(self, logs=None):
+        if self.logdir is not None:
+            self._writer = tf.summary.create_file_writer(str(self.logdir), filename_suffix=".throughput")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._first_batch = batch
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        seconds = time.perf_counter() - self._started
+        steps = batch - self._first_batch + 1
+        if self.step >= self.warmup_steps:
+            if self.steady_since is None:
+                self.steady_since = time.time() - seconds
+            self.records.append((self._epoch, steps, seconds))
+        else:
+            self.warmup_records.append((self._epoch, steps, seconds))
+        self.step += steps
+
+    def on_epoch_end(self, epoch, logs=None):
+        rows = [r for r in self.records if r[0] == epoch] or [r for r in self.warmup_records if r[0] == epoch]
+        if self._writer is None or not rows:
+            return
+        steps, seconds = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        with self._writer.as_default(step=epoch):
+            tf.summary.scalar("examples_per_sec", steps * self.batch_size / seconds)
+            tf.summary.scalar("step_time_ms", 1000 * seconds / steps)
+        self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+
+    def summary(self) -> dict:
+        warmup_excluded = bool(self.records)
+        rows = self.records or self.warmup_records
+        steps, seconds = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        if not steps or not seconds:
+            return {"examples_per_sec": None, "step_time_ms": None, "measured_steps": 0, "warmup_excluded": False}
+        return {
+            "examples_per_sec": steps * self.batch_size / seconds,
+            "step_time_ms": 1000 * seconds / steps,
+            "measured_steps": steps,
+            "warmup_excluded": warmup_excluded,
+        }
