@@ -53,6 +53,25 @@ def cmd_compare(args) -> int:
     return compare.main(args)
 
 
+def cmd_diagnose(args) -> int:
+    from train import diagnose
+
+    return diagnose.main(args.logdir, as_json=args.json, fail_if_input_bound=args.fail_if_input_bound)
+
+
+def cmd_tensorboard(args) -> int:
+    from tensorboard import program
+
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: TensorBoard will listen on {args.host}: anyone who can reach this host sees the runs.",
+              file=sys.stderr)
+    board = program.TensorBoard()
+    board.configure(argv=[None, "--logdir", args.logdir, "--host", args.host, "--port", str(args.port)])
+    print(f"TensorBoard: http://{args.host}:{args.port}/  (Profile tab: #profile)  Ctrl-C stops it.")
+    board.main()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -75,6 +94,19 @@ def main(argv: list[str] | None = None) -> int:
                          help="override applied to both runs (repeatable)")
     compare.add_argument("--out", default="runs/compare", help="folder for both runs and the report")
     compare.set_defaults(func=cmd_compare)
+
+    diagnose = commands.add_parser("diagnose", help="verdict and recommendations for any log folder with a profile")
+    diagnose.add_argument("logdir", help="a TensorBoard log folder (searched recursively for plugins/profile)")
+    diagnose.add_argument("--json", action="store_true", help="print the result as JSON")
+    diagnose.add_argument("--fail-if-input-bound", type=float, metavar="PCT",
+                          help="exit with status 3 when a run waits for input more than PCT%% of step time")
+    diagnose.set_defaults(func=cmd_diagnose)
+
+    board = commands.add_parser("tensorboard", help="serve a log folder with TensorBoard (localhost by default)")
+    board.add_argument("--logdir", default="runs")
+    board.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, this machine only)")
+    board.add_argument("--port", type=int, default=6006)
+    board.set_defaults(func=cmd_tensorboard)
 
     args = parser.parse_args(argv)
     try:

@@ -69,7 +69,9 @@ class TrainConfig:
     epochs: int = 10
     learning_rate: float = 0.005
     steps_per_epoch: Union[int, None] = None  # None: one pass over the training split
-    warmup_steps: int = 20  # excluded from examples/s and step time
+    # Excluded from the steady-state examples/s and step time. auto: the whole first epoch
+    # (tracing, autotuning and filling the cache happen there) when there are 2+ epochs.
+    warmup_steps: Union[int, Auto] = "auto"
     precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
     jit_compile: Union[bool, Auto] = "auto"  # XLA
     steps_per_execution: Union[int, Auto] = "auto"
@@ -211,7 +213,7 @@ def _check_ranges(cfg: Config, source: str) -> None:
     need(t.epochs >= 1, "train.epochs", t.epochs, ">= 1")
     need(t.learning_rate > 0, "train.learning_rate", t.learning_rate, "> 0")
     need(t.steps_per_epoch is None or t.steps_per_epoch >= 1, "train.steps_per_epoch", t.steps_per_epoch, "null or >= 1")
-    need(t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, ">= 0")
+    need(t.warmup_steps == "auto" or t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "'auto' or >= 0")
     need(t.steps_per_execution == "auto" or t.steps_per_execution >= 1, "train.steps_per_execution",
          t.steps_per_execution, "'auto' or >= 1")
     need(cfg.profile.start_step >= 0, "profile.start_step", cfg.profile.start_step, ">= 0")

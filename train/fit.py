@@ -67,11 +67,16 @@ def _strategy(name: str) -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
 
 
-def _profile_window(cfg: Config, total_steps: int) -> tuple[int, int]:
-    """The configured window, moved earlier when the run is too short to reach it."""
-    num = min(cfg.profile.num_steps, total_steps)
-    start = min(cfg.profile.start_step, max(0, total_steps - num - 1))
-    return start, num
+def warmup_steps(setting: int | str, steps_per_epoch: int, epochs: int) -> int:
+    if setting != "auto":
+        return int(setting)
+    return steps_per_epoch if epochs >= 2 else min(20, steps_per_epoch // 4)
+
+
+def _profile_window(cfg: Config, total_steps: int, steps_per_execution: int) -> int:
+    """The first profiled step, moved earlier when the run is too short to reach the window."""
+    needed = (cfg.profile.num_steps + 2) * steps_per_execution
+    return max(0, min(cfg.profile.start_step, total_steps - needed))
 
 
 def run(cfg: Config, config_path: str | None = None, build_hint: str = "make data", log=print) -> dict:
@@ -113,12 +118,13 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
 
     steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(spec.num_train, knobs.batch_size,
                                                                    knobs.drop_remainder)
-    timer = StepTimer(knobs.batch_size, cfg.train.warmup_steps, run_dir / "train")
+    warmup = warmup_steps(cfg.train.warmup_steps, steps, cfg.train.epochs)
+    timer = StepTimer(knobs.batch_size, warmup, run_dir / "train")
     callbacks = []
     profiler = None
     if cfg.profile.enabled:
-        start, num = _profile_window(cfg, steps * cfg.train.epochs)
-        profiler = StepTraceProfiler(run_dir, start, num)
+        start = _profile_window(cfg, steps * cfg.train.epochs, choices.steps_per_execution)
+        profiler = StepTraceProfiler(run_dir, start, cfg.profile.num_steps)
         callbacks.append(profiler)  # before the timer: profiler start/stop stay outside timed steps
     callbacks.append(timer)
     sampler = None
@@ -142,6 +148,7 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
     metrics = history.history
     summary = {
         "name": cfg.name,
+        "run_dir": str(run_dir),
         "config": config_path,
         "device": found.describe(),
         "device_kind": found.kind,
@@ -156,7 +163,7 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
         "batch_size": knobs.batch_size,
         "epochs": cfg.train.epochs,
         "steps_per_epoch": steps,
-        "warmup_steps": cfg.train.warmup_steps,
+        "warmup_steps": warmup,
         **timer.summary(),
         "final_loss": _last(metrics, "loss"),
         "final_accuracy": _last(metrics, "accuracy"),
@@ -164,18 +171,35 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
         "val_accuracy": _last(metrics, "val_accuracy"),
         "history": {k: [float(x) for x in v] for k, v in metrics.items()},
         "wall_time_s": wall,
-        "profile": {"enabled": profiler is not None,
-                    "profiled_steps": profiler.profiled_steps if profiler else 0,
-                    "logdir": str(run_dir)},
     }
+    summary.update(_profile_figures(run_dir))
     if sampler is not None:
         summary["utilization"] = sampler.summary(since=timer.steady_since or 0.0)
         summary["cpu_utilization_percent"] = (summary["utilization"]["cpu_utilization_percent"] or {}).get("mean")
         summary["gpu_utilization_percent"] = summary["utilization"]["gpu_utilization_percent"]
     write_json(run_dir / "summary.json", summary)
+    input_share = summary.get("input_bound_percent")
     log(f"[{cfg.name}] {summary['examples_per_sec']:.0f} examples/s, step {summary['step_time_ms']:.1f} ms, "
-        f"val_accuracy {summary['val_accuracy']:.3f}  ->  {run_dir}/summary.json")
+        + (f"{input_share:.1f}% of step time waiting for input, " if input_share is not None else "")
+        + f"val_accuracy {summary['val_accuracy']:.3f}  ->  {run_dir}/summary.json")
     return summary
+
+
+def _profile_figures(run_dir: Path) -> dict:
+    """The profiler's view of the run: input-bound share, device busy share, slow stages."""
+    from train import analysis
+
+    try:
+        profile = analysis.analyze_run(run_dir)
+    except analysis.ProfileError as error:
+        return {"profile": {"error": str(error)}, "input_bound_percent": None, "device_busy_percent": None}
+    if profile is None:
+        return {"profile": None, "input_bound_percent": None, "device_busy_percent": None}
+    return {
+        "profile": profile,
+        "input_bound_percent": profile["input_bound_percent"],
+        "device_busy_percent": profile["device_busy_percent"],
+    }
 
 
 def _last(metrics: dict, key: str) -> float | None:

@@ -16,7 +16,12 @@ import tensorflow as tf
 
 
 class StepTraceProfiler(keras.callbacks.Callback):
-    """Profile the steps in [start_step, start_step + num_steps) into `logdir/plugins/profile`."""
+    """Profile `num_steps` marked steps from `start_step` on into `logdir/plugins/profile`.
+
+    With steps_per_execution = N a marked "step" is one execution of N steps. xprof leaves
+    out the first and the last marked step (they may be cut by the capture window), so two
+    more are traced than asked for.
+    """
 
     def __init__(self, logdir: Path, start_step: int, num_steps: int):
         super().__init__()
@@ -24,13 +29,13 @@ class StepTraceProfiler(keras.callbacks.Callback):
         self.start_step = start_step
         self.num_steps = num_steps
         self.step = 0
-        self.profiled_steps = 0
+        self.traced = 0
         self._state = "waiting"  # waiting -> active -> done
         self._trace = None
 
     def on_train_batch_begin(self, batch, logs=None):
         # Starting and stopping the profiler happen here, before StepTimer reads its clock.
-        if self._state == "active" and self.step >= self.start_step + self.num_steps:
+        if self._state == "active" and self.traced >= self.num_steps + 2:
             self._stop()
         if self._state == "waiting" and self.step >= self.start_step:
             tf.profiler.experimental.start(self.logdir)
@@ -45,7 +50,7 @@ class StepTraceProfiler(keras.callbacks.Callback):
         if self._trace is not None:
             self._trace.__exit__(None, None, None)
             self._trace = None
-            self.profiled_steps += steps
+            self.traced += 1
         self.step += steps
 
     def on_train_end(self, logs=None):

@@ -65,15 +65,21 @@ class StepTimer(keras.callbacks.Callback):
         if self._writer is not None:
             self._writer.close()
 
+    def _rate(self, rows) -> float | None:
+        steps, seconds = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        return steps * self.batch_size / seconds if steps and seconds else None
+
     def summary(self) -> dict:
-        warmup_excluded = bool(self.records)
+        """Steady state (after warm-up), plus the overall and per-epoch rates for transparency."""
         rows = self.records or self.warmup_records
         steps, seconds = sum(r[1] for r in rows), sum(r[2] for r in rows)
-        if not steps or not seconds:
-            return {"examples_per_sec": None, "step_time_ms": None, "measured_steps": 0, "warmup_excluded": False}
+        epochs = sorted({r[0] for r in self.warmup_records + self.records})
+        everything = self.warmup_records + self.records
         return {
-            "examples_per_sec": steps * self.batch_size / seconds,
-            "step_time_ms": 1000 * seconds / steps,
+            "examples_per_sec": self._rate(rows),
+            "step_time_ms": 1000 * seconds / steps if steps else None,
             "measured_steps": steps,
-            "warmup_excluded": warmup_excluded,
+            "warmup_excluded": bool(self.records),
+            "examples_per_sec_overall": self._rate(everything),
+            "epoch_examples_per_sec": [self._rate([r for r in everything if r[0] == e]) for e in epochs],
         }

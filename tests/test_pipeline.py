@@ -1,0 +1,117 @@
+import dataclasses
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from train import augment, config, pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def knobs(preset: str, **changes):
+    return dataclasses.replace(config.load(ROOT / f"configs/{preset}.yaml").pipeline, **changes)
+
+
+def one_epoch(spec, knob, training=True, batch_size=16):
+    dataset = pipeline.build(spec.train_files, spec, knob, training=training, num_examples=spec.num_train,
+                             batch_size=batch_size)
+    steps = pipeline.steps_per_epoch(spec.num_train, batch_size, drop_remainder=True)
+    examples = []
+    for images, labels in dataset.take(steps):
+        assert images.dtype == tf.uint8 and images.shape[1:] == spec.image_shape
+        examples += [(int(label), hashlib.sha1(image.tobytes()).hexdigest())
+                     for image, label in zip(images.numpy(), labels.numpy())]
+    return examples
+
+
+def test_naive_and_optimized_yield_the_same_examples(tiny_spec):
+    naive = one_epoch(tiny_spec, knobs("naive", augment="none"))
+    optimized = one_epoch(tiny_spec, knobs("optimized", augment="none"))
+    assert len(naive) == tiny_spec.num_train
+    assert Counter(naive) == Counter(optimized)
+
+
+def test_shuffling_changes_the_order(tiny_spec):
+    in_order = one_epoch(tiny_spec, knobs("optimized", augment="none"), training=False)
+    first = one_epoch(tiny_spec, knobs("optimized", augment="none", deterministic=True))
+    assert Counter(first) == Counter(in_order)
+    assert first != in_order
+    naive = one_epoch(tiny_spec, knobs("naive", augment="none"))
+    assert naive != in_order
+
+
+def test_each_epoch_is_reshuffled(tiny_spec):
+    knob = knobs("optimized", augment="none", deterministic=True)
+    dataset = pipeline.build(tiny_spec.train_files, tiny_spec, knob, training=True,
+                             num_examples=tiny_spec.num_train, batch_size=tiny_spec.num_train)
+    epochs = [labels.numpy().tolist() for _, labels in dataset.take(2)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) and epochs[0] != epochs[1]
+
+
+def test_validation_reads_everything_in_order_without_dropping(tiny_spec):
+    knob = knobs("optimized")
+    dataset = pipeline.build(tiny_spec.val_files, tiny_spec, knob, training=False,
+                             num_examples=tiny_spec.num_val, batch_size=24)
+    sizes = [int(labels.shape[0]) for _, labels in dataset]
+    assert sizes == [24, 8]
+
+
+def test_naive_preset_really_has_no_prefetch(tiny_spec):
+    naive = pipeline.build(tiny_spec.train_files, tiny_spec, knobs("naive"), training=True,
+                           num_examples=tiny_spec.num_train)
+    assert naive.options().experimental_optimization.inject_prefetch is False
+    optimized = pipeline.build(tiny_spec.train_files, tiny_spec, knobs("optimized"), training=True,
+                               num_examples=tiny_spec.num_train)
+    assert optimized.options().threading.max_intra_op_parallelism == 1
+
+
+def test_cache_auto_follows_the_memory_limit(tiny_spec):
+    assert pipeline.cache_enabled(knobs("optimized"), tiny_spec, tiny_spec.num_train)
+    assert not pipeline.cache_enabled(knobs("optimized", cache_limit_mb=0), tiny_spec, tiny_spec.num_train)
+    assert not pipeline.cache_enabled(knobs("naive"), tiny_spec, tiny_spec.num_train)
+
+
+@pytest.mark.parametrize("flip_lr, flip_ud, dy", [(False, False, 0), (True, False, 2), (False, True, -2),
+                                                  (True, True, 1)])
+def test_the_three_augmentations_agree(flip_lr, flip_ud, dy):
+    """numpy (naive generator), eager TF, and TF inside tf.data give the same pixels."""
+    image = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    expected = augment.numpy_apply(image, flip_lr, flip_ud, dy)
+    args = ([flip_lr], [flip_ud], [dy])
+    eager = augment.tf_apply(tf.constant(image[None]), *[tf.constant(a) for a in args])[0].numpy()
+    inside = tf.data.Dataset.from_tensors(image[None]).map(
+        lambda x: augment.tf_apply(x, *[tf.constant(a) for a in args])[0])
+    assert (eager == expected).all()
+    assert (next(iter(inside)).numpy() == expected).all()
+
+
+def test_flip_and_shift_mean_what_they_say():
+    image = np.arange(16, dtype=np.uint8).reshape(4, 4, 1)
+    assert (augment.numpy_apply(image, True, False, 0)[:, :, 0] == image[:, ::-1, 0]).all()
+    assert (augment.numpy_apply(image, False, True, 0)[:, :, 0] == image[::-1, :, 0]).all()
+    shifted = augment.numpy_apply(image, False, False, 1)[:, :, 0]
+    assert (shifted[1:] == image[:-1, :, 0]).all() and (shifted[0] == image[0, :, 0]).all()
+
+
+def test_batched_augmentation_mixes_flipped_and_unflipped_images():
+    images = tf.constant(np.random.default_rng(1).integers(0, 256, (6, 8, 8, 3), dtype=np.uint8))
+    flip_lr = tf.constant([True, False, True, False, False, True])
+    out = augment.tf_apply(images, flip_lr, tf.zeros([6], tf.bool), tf.zeros([6], tf.int32)).numpy()
+    for index, flipped in enumerate(flip_lr.numpy()):
+        expected = augment.numpy_apply(images[index].numpy(), bool(flipped), False, 0)
+        assert (out[index] == expected).all()
+
+
+def test_batched_augmentation_changes_images_but_keeps_labels(tiny_spec):
+    knob = knobs("optimized", deterministic=True)
+    images = np.stack([np.full((32, 32, 3), i, np.uint8) for i in range(8)])
+    images[:, :, :16] = 0  # left half dark, so a left-right flip shows
+    labels = np.arange(8)
+    out, out_labels = augment.tf_augment_batch(tf.constant(images), tf.constant(labels))
+    assert (out_labels.numpy() == labels).all() and out.dtype == tf.uint8
+    assert not (out.numpy() == images).all()
+    assert knob.augment == "batched"

@@ -1,0 +1,199 @@
+"""The comparison report: report.json, report.md, report.png and a printed table.
+
+It reads only what runs wrote (their summary.json), so it works on runs made elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FIELDS = (
+    "examples_per_sec",
+    "step_time_ms",
+    "input_bound_percent",
+    "device_busy_percent",
+    "gpu_utilization_percent",
+    "cpu_utilization_percent",
+    "val_accuracy",
+)
+BREAKDOWN = (  # (summary key inside profile, label, colour)
+    ("input_ms", "waiting for input", "#d62728"),
+    ("host_compute_ms", "host compute", "#1f77b4"),
+    ("device_compute_ms", "device compute", "#2ca02c"),
+    ("kernel_launch_ms", "kernel launch", "#ff7f0e"),
+    ("other_ms", "other", "#7f7f7f"),
+)
+
+
+def run_row(summary: dict) -> dict:
+    row = {key: summary.get(key) for key in FIELDS}
+    profile = summary.get("profile") or {}
+    row.update(
+        pipeline=summary.get("pipeline"),
+        batch_size=summary.get("batch_size"),
+        model=summary.get("model"),
+        precision=summary.get("choices", {}).get("precision"),
+        jit_compile=summary.get("choices", {}).get("jit_compile"),
+        steps_per_execution=summary.get("choices", {}).get("steps_per_execution"),
+        step_breakdown_ms={key: profile.get(key) for key, _, _ in BREAKDOWN} if profile.get("has_step_markers") else None,
+        slow_stage=(profile.get("slow_stages") or [{}])[0].get("stage"),
+        gpu_unavailable_reason=(summary.get("utilization") or {}).get("gpu_unavailable_reason"),
+        run_dir=summary.get("run_dir"),
+    )
+    return row
+
+
+def build(runs: dict[str, dict], scenario: str | None, baseline: str = "naive", target: str = "optimized") -> dict:
+    rows = {name: run_row(summary) for name, summary in runs.items()}
+    base, best = rows[baseline]["examples_per_sec"], rows[target]["examples_per_sec"]
+    first = next(iter(runs.values()))
+    return {
+        "device": first.get("device"),
+        "device_kind": first.get("device_kind"),
+        "scenario": scenario,
+        "dataset": first.get("dataset"),
+        "model": first.get("model"),
+        "speedup": best / base if base and best else None,
+        "runs": rows,
+    }
+
+
+def _fmt(value, digits: int = 1, suffix: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def table(report: dict) -> str:
+    names = list(report["runs"])
+    rows = [
+        ("examples/s", "examples_per_sec", 0, ""),
+        ("step time (ms)", "step_time_ms", 1, ""),
+        ("waiting for input (profiler)", "input_bound_percent", 1, " %"),
+        ("device busy (profiler)", "device_busy_percent", 1, " %"),
+        ("GPU utilization (NVML)", "gpu_utilization_percent", 1, " %"),
+        ("CPU utilization (psutil)", "cpu_utilization_percent", 1, " %"),
+        ("validation accuracy", "val_accuracy", 3, ""),
+        ("batch size", "batch_size", 0, ""),
+        ("precision", "precision", 0, ""),
+    ]
+    width = max(len(label) for label, *_ in rows) + 2
+    lines = ["".ljust(width) + "".join(name.rjust(14) for name in names)]
+    for label, key, digits, suffix in rows:
+        cells = [_fmt(report["runs"][n][key], digits, suffix).rjust(14) for n in names]
+        lines.append(label.ljust(width) + "".join(cells))
+    if report["speedup"]:
+        lines.append(f"speedup ({names[-1]} / {names[0]} examples/s): {report['speedup']:.2f}x")
+    return "\n".join(lines)
+
+
+def markdown(report: dict) -> str:
+    names = list(report["runs"])
+    out = [
+        "# Naive vs optimized input pipeline",
+        "",
+        f"Device: **{report['device']}**. Model: `{report['model']}`."
+        + (f" Scenario: {report['scenario']}." if report["scenario"] else ""),
+        "",
+        "![throughput, step-time breakdown, utilization](report.png)",
+        "",
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for label, key, digits, suffix in (
+        ("examples/s", "examples_per_sec", 0, ""),
+        ("step time (ms)", "step_time_ms", 1, ""),
+        ("waiting for input, share of step time (profiler)", "input_bound_percent", 1, " %"),
+        ("device busy, share of step time (profiler)", "device_busy_percent", 1, " %"),
+        ("GPU utilization (NVML, mean)", "gpu_utilization_percent", 1, " %"),
+        ("CPU utilization (psutil, mean)", "cpu_utilization_percent", 1, " %"),
+        ("validation accuracy", "val_accuracy", 3, ""),
+        ("batch size", "batch_size", 0, ""),
+        ("precision / XLA / steps per execution", None, 0, ""),
+        ("slowest tf.data stage", "slow_stage", 0, ""),
+    ):
+        if key is None:
+            cells = [f"{r['precision']} / {r['jit_compile']} / {r['steps_per_execution']}"
+                     for r in (report["runs"][n] for n in names)]
+        else:
+            cells = [_fmt(report["runs"][n][key], digits, suffix) for n in names]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    if report["speedup"]:
+        out += ["", f"**Speedup: {report['speedup']:.2f}x** examples/s ({names[-1]} / {names[0]})."]
+    out += ["", "Pipelines:", ""]
+    out += [f"- **{n}**: {report['runs'][n]['pipeline']}" for n in names]
+    reasons = {report["runs"][n]["gpu_unavailable_reason"] for n in names} - {None}
+    if reasons:
+        out += ["", f"GPU figures are n/a: {'; '.join(sorted(reasons))}."]
+    out += [
+        "",
+        "Open the profiles: `make tensorboard`, then the Profile tab (runs `compare/<name>`), "
+        "tools *input_pipeline_analyzer* and *trace_viewer*. Diagnose them: "
+        "`make diagnose LOGDIR=runs/compare`.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def chart(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["runs"])
+    runs = [report["runs"][n] for n in names]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+
+    ax = axes[0]
+    values = [r["examples_per_sec"] or 0 for r in runs]
+    bars = ax.bar(names, values, color=["#d62728", "#2ca02c", "#1f77b4", "#9467bd"][: len(names)])
+    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values])
+    ax.set_title("Throughput (examples/s)" + (f" - {report['speedup']:.1f}x" if report["speedup"] else ""))
+    ax.set_ylabel("examples / second")
+
+    ax = axes[1]
+    bottoms = [0.0] * len(runs)
+    for key, label, colour in BREAKDOWN:
+        heights = [((r["step_breakdown_ms"] or {}).get(key) or 0.0) / (r["batch_size"] or 1) * 1000 for r in runs]
+        if any(heights):
+            ax.bar(names, heights, bottom=bottoms, label=label, color=colour)
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_title("Step time per example, by category (profiler)")
+    ax.set_ylabel("microseconds per example")
+    ax.legend(fontsize=8)
+
+    ax = axes[2]
+    metrics = [("input_bound_percent", "waiting for input"), ("device_busy_percent", "device busy"),
+               ("gpu_utilization_percent", "GPU util (NVML)"), ("cpu_utilization_percent", "CPU util")]
+    width = 0.8 / len(runs)
+    for index, (name, run) in enumerate(zip(names, runs)):
+        xs = [m + index * width for m in range(len(metrics))]
+        heights = [run[key] if run[key] is not None else 0 for key, _ in metrics]
+        bars = ax.bar(xs, heights, width=width, label=name)
+        ax.bar_label(bars, labels=["n/a" if run[key] is None else f"{run[key]:.0f}" for key, _ in metrics],
+                     fontsize=7)
+    ax.set_xticks([m + width * (len(runs) - 1) / 2 for m in range(len(metrics))], [m[1] for m in metrics],
+                  fontsize=8)
+    ax.set_ylim(0, 110)
+    ax.set_title("Utilization (% of time)")
+    ax.legend(fontsize=8)
+
+    fig.suptitle(f"{report['device']} - model {report['model']}", fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write(out_dir: Path, report: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (("report.json", json.dumps(report, indent=2) + "\n"), ("report.md", markdown(report))):
+        tmp = out_dir / (name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(out_dir / name)
+    chart(report, out_dir / "report.png")
