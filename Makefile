@@ -1,33 +1,43 @@
-# Every target wraps `python -m ...` inside .venv; `make help` lists them.
+# Every target wraps `python -m ...`; `make help` lists them.
 # Pass extra arguments to the Python command with ARGS, e.g.
 #   make train-optimized ARGS="--set train.epochs=3 --set pipeline.batch_size=128"
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
+ARGS ?=
+PORT ?= 6006
+LOGDIR ?= runs/compare
+
+ifdef TEMPLATE_IN_CONTAINER
+# Inside the Docker image (see Dockerfile) the project is installed into the system Python.
+PY := python
+STAMP :=
+else
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # tensorflow[and-cuda] where an NVIDIA driver answers, tensorflow-cpu elsewhere.
 TF_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
-ARGS ?=
-PORT ?= 6006
-LOGDIR ?= runs
+endif
 
-.PHONY: help setup data train-naive train-optimized compare tensorboard test clean
+.PHONY: help setup data train-naive train-optimized compare diagnose tensorboard test lint clean \
+        docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
 	@echo "Usage: make <target> [ARGS='--set key=value ...']"
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: $(STAMP) ## Create .venv and install the project with pinned versions
+setup: $(STAMP) ## Create .venv and install the project with the pinned versions (constraints.txt)
 
-$(STAMP): pyproject.toml
+ifndef TEMPLATE_IN_CONTAINER
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e ".[$(TF_EXTRA),dev]"
+	$(PY) -m pip install -c constraints.txt -e ".[$(TF_EXTRA),dev]"
 	@touch $@
+endif
 
 data: setup ## Build the synthetic dataset (TFRecord shards in data/build; no-op when built)
 	$(PY) -m train data --config configs/base.yaml $(ARGS)
@@ -38,14 +48,47 @@ train-naive: data ## Train the naive baseline (Python generator, serial, no pref
 train-optimized: data ## Train the optimized pipeline into runs/optimized
 	$(PY) -m train fit --config configs/optimized.yaml $(ARGS)
 
-compare: data ## Train naive and optimized on the same data and model; print the comparison
+compare: data ## Naive vs optimized on the same data and model: table + runs/compare/report.{md,png,json}
 	$(PY) -m train compare $(ARGS)
 
-tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (PORT=, LOGDIR=)
-	$(PY) -m train tensorboard --logdir $(LOGDIR) --port $(PORT)
+diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (LOGDIR=runs/compare)
+	$(PY) -m train diagnose $(LOGDIR) $(ARGS)
+
+tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (PORT=)
+	$(PY) -m train tensorboard --logdir runs --port $(PORT) $(ARGS)
 
 test: setup ## Run the test suite (fast CPU tests on tiny generated data)
 	$(PY) -m pytest $(ARGS)
+
+lint: setup ## Lint the Dockerfile (hadolint) and validate docker-compose.yml (Compose v2), offline
+	$(PY) -m train lint
+
+# The GPU path (see README, "GPU in Docker"). Each target needs a Docker engine with Compose v2
+# and the NVIDIA Container Toolkit, and stops at once with a clear message where there is none.
+# The containers write runs/ and data/build/ on the host as you (bind mounts, see docker-compose.yml).
+NEED_DOCKER = @docker info >/dev/null 2>&1 || { echo "error: no Docker engine answers here ('docker info' failed). The docker-* targets need Docker with Compose v2 and the NVIDIA Container Toolkit on a GPU host; without them use the same targets without 'docker-' (make train-optimized, make compare)." >&2; exit 1; }; mkdir -p runs data/build
+export HOST_UID := $(shell id -u)
+export HOST_GID := $(shell id -g)
+
+docker-build: ## Build the GPU image on NVIDIA's TensorFlow container (BASE_IMAGE= to change)
+	$(NEED_DOCKER)
+	docker compose build
+
+docker-train-naive: ## Train the naive preset on the GPU, in Docker
+	$(NEED_DOCKER)
+	docker compose run --rm train-naive
+
+docker-train-optimized: ## Train the optimized preset on the GPU, in Docker
+	$(NEED_DOCKER)
+	docker compose run --rm train-optimized
+
+docker-compare: ## Naive vs optimized on the GPU, in Docker; report in runs/compare
+	$(NEED_DOCKER)
+	docker compose run --rm compare
+
+docker-tensorboard: ## TensorBoard for runs/ from Docker, on http://127.0.0.1:6006
+	$(NEED_DOCKER)
+	docker compose up tensorboard
 
 clean: ## Remove runs/ and the built datasets (keeps .venv)
 	rm -rf runs data/build .pytest_cache

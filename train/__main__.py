@@ -39,9 +39,10 @@ def cmd_data(args) -> int:
 
 
 def cmd_fit(args) -> int:
+    cfg = _load(args)  # every config error surfaces before TensorFlow is imported
+
     from train import datasets, fit
 
-    cfg = _load(args)
     fit.run(cfg, config_path=args.config,
             build_hint=datasets.data_command(args.config, args.overlay, args.overrides))
     return 0
@@ -70,6 +71,12 @@ def cmd_tensorboard(args) -> int:
     print(f"TensorBoard: http://{args.host}:{args.port}/  (Profile tab: #profile)  Ctrl-C stops it.")
     board.main()
     return 0
+
+
+def cmd_lint(args) -> int:
+    from train import lint
+
+    return lint.main(args.dockerfile, args.compose_file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     board.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, this machine only)")
     board.add_argument("--port", type=int, default=6006)
     board.set_defaults(func=cmd_tensorboard)
+
+    lint = commands.add_parser("lint", help="check Dockerfile (hadolint) and docker-compose.yml (Compose v2) offline")
+    lint.add_argument("--dockerfile", default="Dockerfile")
+    lint.add_argument("--compose-file", default="docker-compose.yml")
+    lint.set_defaults(func=cmd_lint)
 
     args = parser.parse_args(argv)
     try:

@@ -33,18 +33,20 @@ STAGE_ADVICE = [
      "Python code produces the examples one at a time: read TFRecord shards with tf.data "
      "(interleave + map with num_parallel_calls=AUTOTUNE) instead of from_generator "
      "(pipeline.reader: tfrecord)."),
-    (("ParallelMap", "ParallelBatch", "MapAndBatch"),
+    (("ParallelMap",),
      "Decoding/augmenting is the slowest stage even in parallel: cache decoded examples "
      "(pipeline.cache), augment whole batches with vectorized ops (pipeline.augment: batched), "
      "or move the work offline or to tf.data service workers (pipeline.data_service)."),
-    (("Map",),
-     "A map runs serially: give it num_parallel_calls=tf.data.AUTOTUNE (pipeline.parallel_calls: auto)."),
+    (("Map", "MapAndBatch"),
+     "A map (decode/augment) is the slowest stage: give it num_parallel_calls=tf.data.AUTOTUNE "
+     "(pipeline.parallel_calls: auto); if it is already parallel, cache decoded examples (pipeline.cache) "
+     "and augment whole batches with vectorized ops (pipeline.augment: batched)."),
     (("TFRecord", "FixedLengthRecord", "TextLine", "Interleave", "ParallelInterleave"),
      "Reading files is the slowest stage: read shards in parallel with interleave "
      "(pipeline.parallel_reads), use more shards of 100-200 MB, keep data on local disk, cache after decode."),
     (("Shuffle",),
      "The shuffle buffer is slow to refill: shuffle the file order and use a smaller element buffer."),
-    (("Batch", "Padded"),
+    (("Batch", "ParallelBatch", "Padded"),
      "Batching is expensive: batch before per-element work and vectorize that work after batch."),
 ]
 

@@ -23,6 +23,7 @@ import tensorflow as tf
 from train import config as config_lib
 from train import datasets, devices, models, pipeline
 from train.config import Config
+from train.errors import UserError
 from train.monitor import MonitorCallback, Sampler
 from train.profiling import StepTraceProfiler
 from train.throughput import StepTimer
@@ -116,6 +117,12 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
             steps_per_execution=choices.steps_per_execution,
         )
 
+    if knobs.drop_remainder and knobs.batch_size > spec.num_train:
+        raise UserError(
+            f"pipeline.batch_size ({knobs.batch_size}) is larger than the training split of {spec.root} "
+            f"({spec.num_train} examples), so drop_remainder would leave no batch at all. Lower "
+            f"pipeline.batch_size or set pipeline.drop_remainder=false."
+        )
     steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(spec.num_train, knobs.batch_size,
                                                                    knobs.drop_remainder)
     warmup = warmup_steps(cfg.train.warmup_steps, steps, cfg.train.epochs)
@@ -138,6 +145,7 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
         train_ds,
         epochs=cfg.train.epochs,
         steps_per_epoch=steps,
+        shuffle=False,  # the dataset shuffles itself
         validation_data=val_ds,
         validation_steps=pipeline.steps_per_epoch(spec.num_val, knobs.batch_size, drop_remainder=False),
         callbacks=callbacks,

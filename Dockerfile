@@ -1,0 +1,33 @@
+# The GPU path: the project on NVIDIA's TensorFlow container (CUDA, cuDNN, NCCL and a tuned
+# TensorFlow build included). Pick another base with --build-arg BASE_IMAGE=..., e.g.
+# tensorflow/tensorflow:2.21.0-gpu. The TensorFlow that the base image ships is kept as is.
+ARG BASE_IMAGE=nvcr.io/nvidia/tensorflow:25.02-tf2-py3
+FROM ${BASE_IMAGE}
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TEMPLATE_IN_CONTAINER=1 \
+    TF_CPP_MIN_LOG_LEVEL=1 \
+    TF_GPU_THREAD_MODE=gpu_private \
+    TF_GPU_THREAD_COUNT=2
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+WORKDIR /workspace/template
+
+# Dependencies first, from the same spec `make setup` uses (pyproject.toml), with the base
+# image's TensorFlow pinned so pip can neither replace nor upgrade it. Code changes below
+# this layer do not reinstall anything.
+COPY pyproject.toml README.md ./
+RUN python -m pip freeze | grep -iE '^(tensorflow|tf-keras|tensorboard)[a-z_-]*==' > /tmp/keep-base.txt; \
+    mkdir -p train && touch train/__init__.py && \
+    python -m pip install -c /tmp/keep-base.txt -e . && \
+    python -c "import tensorflow as tf, keras, tensorflow_datasets, pynvml; print('TensorFlow', tf.__version__, 'Keras', keras.__version__)"
+
+COPY . .
+RUN useradd --create-home --uid 1000 trainer && \
+    mkdir -p runs data/build && chown -R trainer:trainer /workspace/template
+USER 1000:1000
+
+CMD ["make", "help"]

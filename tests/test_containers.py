@@ -1,0 +1,103 @@
+"""The container files, checked by the tools that run without a Docker engine."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from train import lint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([a-zA-Z0-9_-]+):", (ROOT / "Makefile").read_text(), re.M))
+
+
+def cli_commands() -> set[str]:
+    return set(re.findall(r'commands\.add_parser\(\s*"([a-z-]+)"', (ROOT / "train/__main__.py").read_text()))
+
+
+def test_hadolint_finds_nothing():
+    assert lint.hadolint(ROOT / "Dockerfile") == []
+
+
+def test_hadolint_does_report_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN apt-get install curl\n")
+    codes = {finding["code"] for finding in lint.hadolint(bad)}
+    assert {"DL3007", "DL3008"} <= codes
+
+
+def test_compose_file_is_valid():
+    result = lint.compose_config(ROOT / "docker-compose.yml")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("breakage", ["count_and_ids", "bad_key"])
+def test_the_same_check_rejects_a_broken_compose_file(tmp_path, breakage):
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    service = compose["services"]["train-optimized"]
+    if breakage == "count_and_ids":  # `count` and `device_ids` are exclusive
+        service["deploy"] = {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "count": 1, "device_ids": ["0"], "capabilities": ["gpu"]}]}}}
+    else:
+        service["shm_sise"] = "2gb"
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(yaml.safe_dump(compose))
+    assert lint.compose_config(broken).returncode != 0
+
+
+def test_services_use_gpus_shared_volumes_and_existing_commands():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"train-naive", "train-optimized", "compare", "tensorboard"} <= set(services)
+    targets, commands = make_targets(), cli_commands()
+    for name, service in services.items():
+        command = service["command"]
+        if command[0] == "make":
+            assert command[1] in targets, f"{name}: make target {command[1]} does not exist"
+        else:
+            assert command[:3] == ["python", "-m", "train"] and command[3] in commands, name
+    gpu_services = [s for s in services.values() if "deploy" in s]
+    for service in gpu_services:
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+        assert "./runs:/workspace/template/runs" in service["volumes"]
+        assert "./data/build:/workspace/template/data/build" in service["volumes"]
+        assert service["shm_size"]
+    assert services["tensorboard"]["ports"] == ["127.0.0.1:6006:6006"]
+
+
+def test_docker_make_targets_exist_and_are_documented():
+    targets = make_targets()
+    readme = (ROOT / "README.md").read_text()
+    for target in ("docker-build", "docker-train-naive", "docker-train-optimized", "docker-compare",
+                   "docker-tensorboard"):
+        assert target in targets
+        assert f"make {target}" in readme
+
+
+def test_docker_targets_fail_at_once_without_an_engine():
+    if subprocess.run(["docker", "info"], capture_output=True).returncode == 0 if shutil.which("docker") else False:
+        pytest.skip("a Docker engine answers here")
+    result = subprocess.run(["make", "--no-print-directory", "docker-train-optimized"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "no Docker engine answers here" in result.stderr
+
+
+def test_dockerfile_installs_the_same_spec_as_make_setup_and_keeps_the_base_tensorflow():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=nvcr\.io/nvidia/tensorflow:[\w.-]+-tf2-py3$", dockerfile, re.M)
+    assert "COPY pyproject.toml" in dockerfile
+    installs = re.findall(r"pip install ([^&\n]+)", dockerfile)
+    assert installs == ["-c /tmp/keep-base.txt -e . "], installs  # the project's own spec, TF pinned
+    assert "freeze" in dockerfile and "tensorflow" in dockerfile.split("keep-base.txt")[0]
+    assert 'pip install -c constraints.txt -e ".[$(TF_EXTRA),dev]"' in makefile
+    assert re.search(r"^USER \d+", dockerfile, re.M), "the image runs as a non-root user"
+    assert (ROOT / ".dockerignore").read_text().count(".venv") == 1

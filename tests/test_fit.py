@@ -1,0 +1,72 @@
+"""Every shipped preset trains a few steps end to end on the tiny dataset."""
+
+import json
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from train import config, fit
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml"))
+QUICK = ["train.epochs=2", "train.steps_per_epoch=4", "profile.start_step=1", "profile.num_steps=2",
+         "monitor.interval_s=0.05", "pipeline.batch_size=16"]
+
+
+def scalar_tags(folder: Path) -> set[str]:
+    tags = set()
+    for path in folder.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            tags.update(value.tag for value in event.summary.value)
+    return tags
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
+    cfg = config.load(preset, tiny_sets + QUICK + ["model.width=8"])
+    summary = fit.run(cfg, config_path=str(preset), log=lambda message: None)
+    run_dir = cfg.run_dir
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert saved["examples_per_sec"] > 0 and saved["step_time_ms"] > 0
+    assert saved["epochs"] == 2 and 0.0 <= saved["val_accuracy"] <= 1.0 and saved["final_accuracy"] is not None
+    assert saved["device"].startswith(("CPU only", "1x GPU", "2x GPU")) or "GPU" in saved["device"]
+    assert len(saved["epoch_examples_per_sec"]) == 2 and saved["warmup_excluded"]
+    assert summary["examples_per_sec"] == saved["examples_per_sec"]
+
+    resolved = config.load(run_dir / "config.yaml")
+    assert resolved.train.precision in ("float32", "mixed_float16", "mixed_bfloat16")
+    assert isinstance(resolved.train.jit_compile, bool) and isinstance(resolved.train.steps_per_execution, int)
+    assert resolved.pipeline == cfg.pipeline
+
+    assert {"examples_per_sec", "step_time_ms"} <= scalar_tags(run_dir / "train")
+    assert {"epoch_loss", "epoch_accuracy"} <= scalar_tags(run_dir / "train")
+    assert "cpu_utilization_percent" in scalar_tags(run_dir / "system")
+
+    profile = saved["profile"]
+    assert profile["has_step_markers"], profile
+    assert profile["steps"] >= 1 and saved["input_bound_percent"] is not None
+    assert saved["cpu_utilization_percent"] is not None
+
+
+def test_the_cpu_scenario_overlay_trains(tiny_sets):
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK,
+                      layers=[ROOT / "configs/scenarios/cpu.yaml"])
+    summary = fit.run(cfg, log=lambda message: None)
+    assert summary["model"] == "tiny" and summary["examples_per_sec"] > 0
+
+
+def test_rerun_replaces_the_previous_run(tiny_sets):
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["model.name=tiny"])
+    fit.run(cfg, log=lambda message: None)
+    fit.run(cfg, log=lambda message: None)
+    sessions = list((cfg.run_dir / "plugins" / "profile").iterdir())
+    assert len(sessions) == 1
+
+
+def test_batch_larger_than_the_dataset_is_a_clear_error(tiny_sets):
+    from train.errors import UserError
+
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + ["pipeline.batch_size=512"])
+    with pytest.raises(UserError, match=r"batch_size \(512\) is larger than the training split"):
+        fit.run(cfg, log=lambda message: None)

