@@ -40,8 +40,7 @@ def test_compare_prints_the_table_and_writes_the_report(compared):
     assert report["speedup"] == pytest.approx(
         report["runs"]["optimized"]["examples_per_sec"] / report["runs"]["naive"]["examples_per_sec"])
     assert report["device"].startswith("CPU only")
-    naive, optimized = report["runs"]["naive"], report["runs"]["optimized"]
-    assert naive["input_bound_percent"] > optimized["input_bound_percent"]  # the generator makes the step wait
+    assert report["runs"]["naive"]["slow_stage"] == "Generator"  # the profiler sees the Python generator
     assert (runs / "compare" / "report.png").stat().st_size > 10_000
     assert "| examples/s |" in (runs / "compare" / "report.md").read_text()
 

@@ -16,6 +16,10 @@ from train.errors import UserError, did_you_mean
 
 MODELS: dict[str, Callable] = {}
 
+# Keras' default (0.99) lets the moving statistics lag for hundreds of steps: with a few
+# dozen steps per epoch, validation then runs on stale statistics and looks broken.
+BN_MOMENTUM = 0.9
+
 
 def register_model(name: str) -> Callable[[Callable], Callable]:
     def decorator(builder: Callable) -> Callable:
@@ -88,19 +92,19 @@ def resnet(input_shape, num_classes, width: int = 32, depth: int = 2, dropout: f
     def block(x, filters: int, stride: int):
         shortcut = x
         y = layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False)(x)
-        y = layers.BatchNormalization()(y)
+        y = layers.BatchNormalization(momentum=BN_MOMENTUM)(y)
         y = layers.ReLU()(y)
         y = layers.Conv2D(filters, 3, padding="same", use_bias=False)(y)
-        y = layers.BatchNormalization()(y)
+        y = layers.BatchNormalization(momentum=BN_MOMENTUM)(y)
         if stride != 1 or shortcut.shape[-1] != filters:
             shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False)(shortcut)
-            shortcut = layers.BatchNormalization()(shortcut)
+            shortcut = layers.BatchNormalization(momentum=BN_MOMENTUM)(shortcut)
         return layers.ReLU()(layers.Add()([y, shortcut]))
 
     inputs = keras.Input(shape=input_shape, dtype="uint8", name="image")
     x = layers.Rescaling(1.0 / 255)(inputs)
     x = layers.Conv2D(width, 3, strides=2, padding="same", use_bias=False)(x)
-    x = layers.BatchNormalization()(x)
+    x = layers.BatchNormalization(momentum=BN_MOMENTUM)(x)
     x = layers.ReLU()(x)
     for stage, filters in enumerate((width, 2 * width, 4 * width)):
         for index in range(depth):
