@@ -40,7 +40,8 @@ def test_compare_prints_the_table_and_writes_the_report(compared):
     assert report["speedup"] == pytest.approx(
         report["runs"]["optimized"]["examples_per_sec"] / report["runs"]["naive"]["examples_per_sec"])
     assert report["device"].startswith("CPU only")
-    assert report["runs"]["naive"]["slow_stage"] == "Generator"  # the profiler sees the Python generator
+    naive = json.loads((runs / "compare" / "naive" / "summary.json").read_text())
+    assert "Generator" in {stage["stage"] for stage in naive["profile"]["slow_stages"]}  # the Python generator
     assert (runs / "compare" / "report.png").stat().st_size > 10_000
     assert "| examples/s |" in (runs / "compare" / "report.md").read_text()
 
