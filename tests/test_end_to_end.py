@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import ROOT, data_sets, run_cli
 
-QUICK = ["train.epochs=2", "pipeline.batch_size=16", "profile.start_step=1", "profile.num_steps=3"]
+QUICK = ["train.epochs=2", "pipeline.batch_size=16", "pipeline.shuffle_buffer=16", "profile.start_step=1",
+         "profile.num_steps=3"]
 
 
 @pytest.fixture(scope="module")
