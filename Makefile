@@ -22,7 +22,7 @@ TF_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
 endif
 
-.PHONY: help setup data train-naive train-optimized compare diagnose tensorboard test lint clean \
+.PHONY: help setup data train-naive train-optimized compare bench ladder sweep-batch diagnose tensorboard test lint clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -50,6 +50,15 @@ train-optimized: data ## Train the optimized pipeline into runs/optimized
 
 compare: data ## Naive vs optimized on the same data and model: table + runs/compare/report.{md,png,json}
 	$(PY) -m train compare $(ARGS)
+
+bench: data ## Naive vs optimized vs compute ceiling, interleaved trials -> runs/bench/bench.json
+	$(PY) -m train bench $(ARGS)
+
+ladder: data ## One optimization at a time from naive, each measured -> runs/ladder/ladder.{json,md,png}
+	$(PY) -m train ladder $(ARGS)
+
+sweep-batch: data ## Throughput and utilization against batch size -> runs/sweep-batch/sweep.{json,png}
+	$(PY) -m train sweep-batch $(ARGS)
 
 diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (LOGDIR=runs/compare)
 	$(PY) -m train diagnose $(LOGDIR) $(ARGS)

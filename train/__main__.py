@@ -19,6 +19,17 @@ def _config_args(parser: argparse.ArgumentParser, default: str | None = "configs
                         help="override one key, e.g. --set pipeline.batch_size=64 (repeatable)")
 
 
+def _scenario_args(parser: argparse.ArgumentParser, out: str) -> None:
+    """Options shared by the commands that run naive and optimized side by side."""
+    parser.add_argument("--naive", default="configs/naive.yaml")
+    parser.add_argument("--optimized", default="configs/optimized.yaml")
+    parser.add_argument("--scenario", default="auto",
+                        help="overlay for every variant: auto (the CPU scenario when no GPU is found), none, or a YAML")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override applied to every variant (repeatable), e.g. --set model.width=32")
+    parser.add_argument("--out", default=out, help="output folder (default: %(default)s)")
+
+
 def _load(args):
     from train import config
 
@@ -52,6 +63,24 @@ def cmd_compare(args) -> int:
     from train import compare
 
     return compare.main(args)
+
+
+def cmd_bench(args) -> int:
+    from train import bench
+
+    return bench.main(args)
+
+
+def cmd_ladder(args) -> int:
+    from train import ladder
+
+    return ladder.main(args)
+
+
+def cmd_sweep(args) -> int:
+    from train import sweep
+
+    return sweep.main(args)
 
 
 def cmd_diagnose(args) -> int:
@@ -93,14 +122,29 @@ def main(argv: list[str] | None = None) -> int:
     fit.set_defaults(func=cmd_fit)
 
     compare = commands.add_parser("compare", help="train naive and optimized on the same data and model, report")
-    compare.add_argument("--naive", default="configs/naive.yaml")
-    compare.add_argument("--optimized", default="configs/optimized.yaml")
-    compare.add_argument("--scenario", default="auto",
-                         help="overlay for both runs: auto (the CPU scenario when no GPU is found), none, or a YAML")
-    compare.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                         help="override applied to both runs (repeatable)")
-    compare.add_argument("--out", default="runs/compare", help="folder for both runs and the report")
+    _scenario_args(compare, out="runs/compare")
     compare.set_defaults(func=cmd_compare)
+
+    bench = commands.add_parser("bench", help="naive vs optimized vs the compute ceiling: interleaved trials")
+    _scenario_args(bench, out="runs/bench")
+    bench.add_argument("--trials", type=int, default=9, help="trials per variant (default: %(default)s)")
+    bench.add_argument("--seconds", type=float, default=3.0, help="minimum seconds per trial (default: %(default)s)")
+    bench.set_defaults(func=cmd_bench)
+
+    ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
+    _scenario_args(ladder, out="runs/ladder")
+    ladder.add_argument("--ladder", default="configs/ladder.yaml", help="the rungs (default: %(default)s)")
+    ladder.add_argument("--trials", type=int, default=5, help="paired trials per rung (default: %(default)s)")
+    ladder.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per trial (default: %(default)s)")
+    ladder.set_defaults(func=cmd_ladder)
+
+    sweep = commands.add_parser("sweep-batch", help="throughput and utilization against batch size")
+    _scenario_args(sweep, out="runs/sweep-batch")
+    sweep.add_argument("--min", type=int, default=16, help="smallest batch (default: %(default)s)")
+    sweep.add_argument("--max", type=int, default=2048, help="largest batch to try (default: %(default)s)")
+    sweep.add_argument("--trials", type=int, default=3, help="trials per batch size (default: %(default)s)")
+    sweep.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per trial (default: %(default)s)")
+    sweep.set_defaults(func=cmd_sweep)
 
     diagnose = commands.add_parser("diagnose", help="verdict and recommendations for any log folder with a profile")
     diagnose.add_argument("logdir", help="a TensorBoard log folder (searched recursively for plugins/profile)")

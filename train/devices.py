@@ -68,7 +68,13 @@ def resolve(train: TrainConfig, devices: Devices) -> Choices:
             reasons["precision"] = "GPU without tensor cores: float16 would not be faster"
         else:
             precision = "float32"
-            reasons["precision"] = "CPU: no float16/bfloat16 speedup (mixed_bfloat16 measured ~7x slower here)"
+            reasons["precision"] = ("CPU: float32; mixed_bfloat16 is only faster on CPUs with bf16 units "
+                                    "(AVX512_BF16, AMX) and was ~7x slower without them (the ladder measures it)")
+
+    elif precision == "mixed":
+        precision = "mixed_float16" if devices.gpus else "mixed_bfloat16"
+        reasons["precision"] = ("mixed: float16 on GPU" if devices.gpus
+                                else "mixed: bfloat16 on CPU (asked for, though slower here)")
 
     jit_compile = train.jit_compile
     if jit_compile == "auto":
@@ -80,10 +86,11 @@ def resolve(train: TrainConfig, devices: Devices) -> Choices:
 
     steps = train.steps_per_execution
     if steps == "auto":
-        steps = 16 if devices.gpus else 1
+        steps = 1
         reasons["steps_per_execution"] = (
-            "GPU: 16 steps per host round trip amortize Python and launch overhead" if devices.gpus
-            else "CPU: no measured gain at batch 256, and 1 keeps callbacks and profiles per step"
+            "1: xprof finds no step markers inside a multi-step execution, so larger values leave the "
+            "profile without step times; raise it for small models where host overhead dominates (the ladder "
+            "measures it)"
         )
 
     strategy = train.strategy

@@ -68,6 +68,39 @@ def _strategy(name: str) -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
 
 
+def check_batch_size(cfg: Config, spec: datasets.DatasetSpec) -> None:
+    knobs = cfg.pipeline
+    if knobs.drop_remainder and knobs.batch_size > spec.num_train:
+        raise UserError(
+            f"pipeline.batch_size ({knobs.batch_size}) is larger than the training split of {spec.root} "
+            f"({spec.num_train} examples), so drop_remainder would leave no batch at all. Lower "
+            f"pipeline.batch_size or set pipeline.drop_remainder=false."
+        )
+
+
+def build_model(cfg: Config, spec: datasets.DatasetSpec, choices: devices.Choices,
+                total_steps: int | None = None) -> keras.Model:
+    """The compiled model of `cfg`, under its precision policy and distribution strategy.
+
+    With `total_steps` the learning rate follows a cosine decay to 1 % over the run, so the
+    last epochs settle instead of jumping around the minimum.
+    """
+    keras.mixed_precision.set_global_policy(choices.precision)
+    learning_rate = cfg.train.learning_rate
+    if total_steps:
+        learning_rate = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=total_steps, alpha=0.01)
+    with _strategy(choices.strategy).scope():
+        model = models.build_model(cfg.model.name, spec.image_shape, spec.num_classes, cfg.model.params)
+        model.compile(
+            optimizer=keras.optimizers.Adam(learning_rate),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            jit_compile=choices.jit_compile,
+            steps_per_execution=choices.steps_per_execution,
+        )
+    return model
+
+
 def warmup_steps(setting: int | str, steps_per_epoch: int, epochs: int) -> int:
     if setting != "auto":
         return int(setting)
@@ -86,6 +119,7 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
     found = devices.detect()
     choices = devices.resolve(cfg.train, found)
     cfg = resolved_config(cfg, choices)
+    check_batch_size(cfg, spec)
     run_dir = cfg.run_dir
     _fresh_run_dir(run_dir)
     header = "\n".join(
@@ -101,30 +135,16 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
         f"steps_per_execution={choices.steps_per_execution} strategy={choices.strategy}")
 
     keras.utils.set_random_seed(cfg.train.seed)
-    keras.mixed_precision.set_global_policy(choices.precision)
-    strategy = _strategy(choices.strategy)
     train_ds = pipeline.build(spec.train_files, spec, knobs, training=True,
                               num_examples=spec.num_train, seed=cfg.train.seed)
     val_ds = pipeline.build(spec.val_files, spec, knobs, training=False,
                             num_examples=spec.num_val, seed=cfg.train.seed)
-    with strategy.scope():
-        model = models.build_model(cfg.model.name, spec.image_shape, spec.num_classes, cfg.model.params)
-        model.compile(
-            optimizer=keras.optimizers.Adam(cfg.train.learning_rate),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-            jit_compile=choices.jit_compile,
-            steps_per_execution=choices.steps_per_execution,
-        )
-
-    if knobs.drop_remainder and knobs.batch_size > spec.num_train:
-        raise UserError(
-            f"pipeline.batch_size ({knobs.batch_size}) is larger than the training split of {spec.root} "
-            f"({spec.num_train} examples), so drop_remainder would leave no batch at all. Lower "
-            f"pipeline.batch_size or set pipeline.drop_remainder=false."
-        )
     steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(spec.num_train, knobs.batch_size,
                                                                    knobs.drop_remainder)
+    model = build_model(cfg, spec, choices, total_steps=steps * cfg.train.epochs)
+    if cfg.profile.enabled and choices.steps_per_execution > 1:
+        log(f"[{cfg.name}] note: with steps_per_execution={choices.steps_per_execution} xprof finds no step "
+            "markers inside multi-step executions: the trace viewer works, the step-time analysis will be n/a.")
     warmup = warmup_steps(cfg.train.warmup_steps, steps, cfg.train.epochs)
     timer = StepTimer(knobs.batch_size, warmup, run_dir / "train")
     callbacks = []

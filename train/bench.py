@@ -1,0 +1,92 @@
+"""`make bench`: naive vs optimized vs the compute ceiling, in repeated interleaved trials.
+
+The ceiling is the same model fed one batch of real examples repeated from memory: what
+the model does with zero input cost. `speedup` = optimized / naive and `efficiency` =
+optimized / ceiling, both from medians of the same run; min-max spreads are reported so a
+reader can judge the noise of a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from train import compare, datasets, devices, trials
+from train import config as config_lib
+
+
+def ratio(numerator: dict, denominator: dict) -> float | None:
+    if numerator["median"] and denominator["median"]:
+        return numerator["median"] / denominator["median"]
+    return None
+
+
+def write_tensorboard(out: Path, variants: list[trials.Variant]) -> None:
+    """Every trial as a scalar, one TensorBoard run per variant (runs bench/tb/<variant>)."""
+    import tensorflow as tf
+
+    for variant in variants:
+        writer = tf.summary.create_file_writer(str(out / "tb" / variant.name))
+        with writer.as_default():
+            for index, rate in enumerate(variant.samples):
+                tf.summary.scalar("bench/examples_per_sec", rate, step=index)
+        writer.close()
+
+
+def table(result: dict) -> str:
+    lines = [f"{'variant':<11}{'median ex/s':>13}{'min':>10}{'max':>10}  batch  pipeline"]
+    for name, row in result["variants"].items():
+        lines.append(f"{name:<11}{row['median']:>13,.0f}{row['min']:>10,.0f}{row['max']:>10,.0f}  "
+                     f"{row['batch_size']:>5}  {row['pipeline']}")
+    lines.append(f"speedup (optimized / naive, medians): {result['speedup']:.2f}x "
+                 f"(per-trial ratios {result['speedup_range'][0]:.2f}-{result['speedup_range'][1]:.2f})")
+    lines.append(f"efficiency (optimized / ceiling, medians): {result['efficiency']:.2f} "
+                 f"(per-trial {result['efficiency_range'][0]:.2f}-{result['efficiency_range'][1]:.2f})")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    scenario, why = compare.resolve_scenario(args.scenario)
+    overlays = [scenario] if scenario else []
+    out = Path(args.out)
+    configs = {name: config_lib.load(path, list(args.overrides), layers=overlays, name=name)
+               for name, path in (("naive", args.naive), ("optimized", args.optimized))}
+    print(why + ".", flush=True)
+    spec, _ = datasets.prepare(configs["optimized"].data)
+    found = devices.detect()
+    print(f"Device: {found.describe()}. {args.trials} interleaved trials of >= {args.seconds:g} s per variant, "
+          "after warm-up.", flush=True)
+    variants = [
+        trials.prepare("naive", configs["naive"], spec, found),
+        trials.prepare("optimized", configs["optimized"], spec, found),
+        trials.prepare("ceiling", configs["optimized"], spec, found, ceiling=True),
+    ]
+    trials.interleaved(variants, args.trials, args.seconds)
+    by_name = {v.name: v for v in variants}
+    stats = {v.name: {**v.stats(), "batch_size": v.batch_size, "pipeline": v.description,
+                      "precision": v.choices.precision, "jit_compile": v.choices.jit_compile,
+                      "steps_per_execution": v.choices.steps_per_execution} for v in variants}
+    speedups = trials.paired_ratios(by_name["optimized"], by_name["naive"])
+    efficiencies = trials.paired_ratios(by_name["optimized"], by_name["ceiling"])
+    result = {
+        "device": found.describe(),
+        "scenario": why,
+        "model": configs["optimized"].model.name,
+        "image_shape": list(spec.image_shape),
+        "trials": args.trials,
+        "trial_seconds": args.seconds,
+        "variants": stats,
+        "speedup": ratio(stats["optimized"], stats["naive"]),
+        "speedup_range": [min(speedups), max(speedups)],
+        "efficiency": ratio(stats["optimized"], stats["ceiling"]),
+        "efficiency_range": [min(efficiencies), max(efficiencies)],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "bench.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out / "bench.json")
+    write_tensorboard(out, variants)
+    print()
+    print(table(result))
+    print(f"\nWritten: {out}/bench.json (TensorBoard: runs bench/tb/*)")
+    return 0

@@ -1,0 +1,157 @@
+"""`make sweep-batch`: throughput and utilization against batch size, and the largest that fits.
+
+Batch sizes double from --min until --max, the size of the training split, or the first
+out-of-memory error. Each point is the optimized preset (plus the scenario overlay) with
+that batch size: repeated trials after warm-up, CPU/GPU utilization sampled during them,
+and the input-bound share from a short profile. The largest batch that fit is written to
+runs/sweep-batch/sweep.json, where an out-of-memory error in `fit` looks for it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+from pathlib import Path
+
+from train import compare, datasets, devices, trials
+from train import config as config_lib
+from train.monitor import Sampler
+
+SWEEP_FILE = Path("runs/sweep-batch/sweep.json")
+
+
+def _is_oom(error: Exception) -> bool:
+    import tensorflow as tf
+
+    return isinstance(error, tf.errors.ResourceExhaustedError) or "out of memory" in str(error).lower()
+
+
+def main(args) -> int:
+    scenario, why = compare.resolve_scenario(args.scenario)
+    overlays = [scenario] if scenario else []
+    base = config_lib.load(args.optimized, list(args.overrides), layers=overlays, name="sweep")
+    print(why + ".", flush=True)
+    spec, _ = datasets.prepare(base.data)
+    found = devices.detect()
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    sizes, size = [], args.min
+    while size <= args.max:
+        sizes.append(size)
+        size *= 2
+    print(f"Device: {found.describe()}. Batch sizes {sizes[0]}..{sizes[-1]}, {args.trials} trials of "
+          f">= {args.seconds:g} s each after warm-up.", flush=True)
+
+    points, largest, stop_reason = [], None, f"reached --max {args.max}"
+    for batch in sizes:
+        if batch > spec.num_train:
+            stop_reason = f"batch {batch} is larger than the training split ({spec.num_train} examples)"
+            break
+        cfg = config_lib.load(args.optimized, list(args.overrides) + [f"pipeline.batch_size={batch}"],
+                              layers=overlays, name=f"batch_{batch}")
+        sampler = Sampler(interval_s=0.2)
+        try:
+            variant = trials.prepare(f"batch {batch}", cfg, spec, found)
+            sampler.start()
+            for _ in range(args.trials):
+                variant.trial(args.seconds)
+            sampler.stop()
+            profile = variant.profile(out / "profiles" / f"batch_{batch}", num_steps=6)
+        except Exception as error:  # only an out-of-memory error ends the sweep quietly
+            sampler.stop()
+            if not _is_oom(error):
+                raise
+            stop_reason = f"batch {batch} ran out of memory"
+            points.append({"batch_size": batch, "status": "out of memory"})
+            print(f"  batch {batch}: out of memory", flush=True)
+            break
+        usage = sampler.summary()
+        stats = variant.stats()
+        points.append({
+            "batch_size": batch,
+            "status": "ok",
+            "examples_per_sec": stats,
+            "input_bound_percent": profile["input_bound_percent"] if profile else None,
+            "device_busy_percent": profile["device_busy_percent"] if profile else None,
+            "cpu_utilization_percent": (usage["cpu_utilization_percent"] or {}).get("mean"),
+            "gpu_utilization_percent": usage["gpu_utilization_percent"],
+        })
+        largest = batch
+        print(f"  batch {batch}: {stats['median']:,.0f} examples/s ({stats['min']:,.0f}-{stats['max']:,.0f})"
+              + (f", {profile['input_bound_percent']:.1f}% waiting for input" if profile else ""), flush=True)
+        del variant
+        gc.collect()
+
+    ok = [p for p in points if p["status"] == "ok"]
+    best = max(ok, key=lambda p: p["examples_per_sec"]["median"]) if ok else None
+    result = {"device": found.describe(), "scenario": why, "model": base.model.name,
+              "image_shape": list(spec.image_shape), "points": points, "largest_batch_that_fit": largest,
+              "stopped_because": stop_reason, "fastest_batch": best and best["batch_size"]}
+    tmp = out / "sweep.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out / "sweep.json")
+    chart(result, out / "sweep.png")
+    write_tensorboard(out, ok)
+    print(f"\nLargest batch that fit: {largest} ({stop_reason}); fastest: {result['fastest_batch']}.")
+    print(f"Written: {out}/sweep.json, {out}/sweep.png (TensorBoard: run sweep-batch/tb)")
+    return 0
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [p for p in result["points"] if p["status"] == "ok"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
+    xs = [p["batch_size"] for p in ok]
+    medians = [p["examples_per_sec"]["median"] for p in ok]
+    lows = [m - p["examples_per_sec"]["min"] for m, p in zip(medians, ok)]
+    highs = [p["examples_per_sec"]["max"] - m for m, p in zip(medians, ok)]
+    left.errorbar(xs, medians, yerr=[lows, highs], fmt="o-", capsize=3)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("batch size")
+    left.set_ylabel("examples / second (median, min-max)")
+    left.set_title(f"Throughput - largest batch that fit: {result['largest_batch_that_fit']}")
+    for key, label in (("input_bound_percent", "waiting for input (profiler)"),
+                       ("gpu_utilization_percent", "GPU utilization (NVML)"),
+                       ("cpu_utilization_percent", "CPU utilization")):
+        values = [(p["batch_size"], p[key]) for p in ok if p[key] is not None]
+        if values:
+            right.plot(*zip(*values), "o-", label=label)
+    right.set_xscale("log", base=2)
+    right.set_ylim(0, 105)
+    right.set_xlabel("batch size")
+    right.set_ylabel("% of time")
+    right.set_title("Utilization")
+    right.legend(fontsize=8)
+    fig.suptitle(f"{result['device']} - model {result['model']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_tensorboard(out: Path, points: list[dict]) -> None:
+    import tensorflow as tf
+
+    writer = tf.summary.create_file_writer(str(out / "tb"))
+    with writer.as_default():
+        for point in points:
+            step = point["batch_size"]
+            tf.summary.scalar("sweep/examples_per_sec", point["examples_per_sec"]["median"], step=step)
+            for key in ("input_bound_percent", "cpu_utilization_percent", "gpu_utilization_percent"):
+                if point[key] is not None:
+                    tf.summary.scalar(f"sweep/{key}", point[key], step=step)
+    writer.close()
+
+
+def largest_batch_that_fit(path: Path = SWEEP_FILE) -> int | None:
+    """From the last sweep on this machine, or None when there is none."""
+    try:
+        return json.loads(path.read_text()).get("largest_batch_that_fit")
+    except (OSError, ValueError):
+        return None

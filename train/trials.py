@@ -1,0 +1,137 @@
+"""Benchmark trials: warm-up excluded, repeated, interleaved, medians and spreads.
+
+A `Variant` is one config made ready to run: its pipeline, its compiled model and one
+iterator that lives across trials (so caches stay filled and no trial pays for starting
+or tearing down a pipeline). A trial calls the model's compiled train function, the same
+one `model.fit` calls each step, for at least `seconds` and returns examples/s. Variants
+are measured in turns (A B C, B C A, ...) so slow drifts of a shared machine hit them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import tensorflow as tf
+
+from train import analysis, devices, fit, pipeline
+from train.config import Config
+from train.datasets import DatasetSpec
+
+
+@dataclasses.dataclass
+class Variant:
+    name: str
+    cfg: Config
+    choices: devices.Choices
+    model: object
+    iterator: object
+    batch_size: int
+    description: str
+    samples: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def steps_per_call(self) -> int:
+        return self.choices.steps_per_execution
+
+    def run(self, calls: int) -> float:
+        """Run `calls` executions; return the seconds they took."""
+        started = time.perf_counter()
+        for _ in range(calls):
+            logs = self.model.train_function(self.iterator)
+        # The step is asynchronous on accelerators: wait for its result before stopping the clock.
+        float(next(iter(logs.values())))
+        return time.perf_counter() - started
+
+    def trial(self, seconds: float, min_calls: int = 3) -> float:
+        """examples/s over at least `seconds` (and `min_calls` executions)."""
+        calls, elapsed, chunk = 0, 0.0, 1
+        while elapsed < seconds or calls < min_calls:
+            took = self.run(chunk)
+            elapsed, calls = elapsed + took, calls + chunk
+            if took < 0.25:  # grow chunks to about 0.25 s: one host sync per chunk, not per step
+                chunk = max(chunk, int(chunk * 0.25 / max(took, 1e-6)))
+        rate = calls * self.steps_per_call * self.batch_size / elapsed
+        self.samples.append(rate)
+        return rate
+
+    def profile(self, logdir: Path, num_steps: int = 8) -> dict | None:
+        """A short profile with step markers, analysed by xprof; None when it cannot be read."""
+        tf.profiler.experimental.start(str(logdir))
+        try:
+            for step in range(num_steps + 2):  # xprof leaves out the first and last marked step
+                with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
+                    logs = self.model.train_function(self.iterator)
+                    float(next(iter(logs.values())))
+        finally:
+            tf.profiler.experimental.stop()
+        try:
+            return analysis.analyze_run(logdir)
+        except analysis.ProfileError:
+            return None
+
+    def stats(self) -> dict:
+        return summarize(self.samples)
+
+
+def summarize(samples: list[float]) -> dict:
+    return {
+        "median": statistics.median(samples) if samples else None,
+        "min": min(samples) if samples else None,
+        "max": max(samples) if samples else None,
+        "trials": len(samples),
+        "samples": samples,
+    }
+
+
+def prepare(name: str, cfg: Config, spec: DatasetSpec, found: devices.Devices, *, ceiling: bool = False,
+            warmup_seconds: float = 2.0, log: Callable[[str], None] = print) -> Variant:
+    """Build, compile and warm up one variant.
+
+    Warm-up runs at least one full epoch when the pipeline caches (the cache fills there) and
+    at least `warmup_seconds`, so tracing, compilation and autotuning are all behind it.
+    `ceiling=True` feeds the model one batch of real examples repeated from memory: the
+    same model with zero input cost.
+    """
+    choices = devices.resolve(cfg.train, found)
+    cfg = fit.resolved_config(cfg, choices)
+    fit.check_batch_size(cfg, spec)
+    knobs = cfg.pipeline
+    dataset = pipeline.build(spec.train_files, spec, knobs, training=True, num_examples=spec.num_train,
+                             seed=cfg.train.seed)
+    if ceiling:
+        batch = next(iter(dataset))
+        dataset = tf.data.Dataset.from_tensors(batch).repeat().prefetch(2)
+        description = f"one cached batch of {knobs.batch_size} repeated (zero input cost)"
+    else:
+        description = pipeline.describe(knobs, spec, spec.num_train)
+    model = fit.build_model(cfg, spec, choices)
+    model.make_train_function()
+    variant = Variant(name, cfg, choices, model, iter(dataset), knobs.batch_size, description)
+    epoch_calls = -(-pipeline.steps_per_epoch(spec.num_train, knobs.batch_size, knobs.drop_remainder)
+                    // choices.steps_per_execution)
+    caches = pipeline.cache_enabled(knobs, spec, spec.num_train) and not ceiling
+    started = time.perf_counter()
+    variant.run(epoch_calls + 1 if caches else 3)
+    while time.perf_counter() - started < warmup_seconds:
+        variant.run(1)
+    log(f"  ready: {name} ({description}; precision {choices.precision}, XLA {choices.jit_compile}, "
+        f"{choices.steps_per_execution} steps/execution) after {time.perf_counter() - started:.1f} s of warm-up")
+    return variant
+
+
+def interleaved(variants: list[Variant], trials: int, seconds: float, log: Callable[[str], None] = print) -> None:
+    """Measure every variant `trials` times, rotating the order each round."""
+    for round_index in range(trials):
+        shift = round_index % len(variants)
+        order = variants[shift:] + variants[:shift]
+        rates = {v.name: v.trial(seconds) for v in order}
+        log(f"  trial {round_index + 1}/{trials}: " + ", ".join(f"{n} {r:,.0f}/s" for n, r in rates.items()))
+
+
+def paired_ratios(numerator: Variant, denominator: Variant) -> list[float]:
+    """Per-round ratios (both measured in the same round), robust to drift across rounds."""
+    return [a / b for a, b in zip(numerator.samples, denominator.samples) if b]
