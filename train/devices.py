@@ -22,6 +22,7 @@ class Devices:
     gpus: tuple[str, ...]  # names, e.g. "NVIDIA H100 80GB HBM3"
     compute_capabilities: tuple[tuple[int, int], ...]
     cpu_cores: int
+    cpu_bf16: bool = False  # the CPU has bfloat16 units (AVX512_BF16 or AMX)
 
     @property
     def kind(self) -> str:
@@ -41,7 +42,23 @@ def detect() -> Devices:
         gpus.append(details.get("device_name", gpu.name))
         capabilities.append(tuple(details.get("compute_capability", (0, 0))))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return Devices(gpus=tuple(gpus), compute_capabilities=tuple(capabilities), cpu_cores=cores)
+    return Devices(gpus=tuple(gpus), compute_capabilities=tuple(capabilities), cpu_cores=cores,
+                   cpu_bf16=bool(cpu_flags() & BF16_FLAGS))
+
+
+BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +83,14 @@ def resolve(train: TrainConfig, devices: Devices) -> Choices:
         elif devices.gpus:
             precision = "float32"
             reasons["precision"] = "GPU without tensor cores: float16 would not be faster"
+        elif devices.cpu_bf16:
+            precision = "mixed_bfloat16"
+            reasons["precision"] = ("CPU with bfloat16 units (avx512_bf16/amx_bf16): bfloat16 math, float32 "
+                                    "weights (the ladder's mixed-precision rung measures the gain)")
         else:
             precision = "float32"
-            reasons["precision"] = ("CPU: float32; mixed_bfloat16 is only faster on CPUs with bf16 units "
-                                    "(AVX512_BF16, AMX) and was ~7x slower without them (the ladder measures it)")
+            reasons["precision"] = ("CPU without bfloat16 units: float32 (mixed_bfloat16 was ~7x slower on such "
+                                    "CPUs)")
 
     elif precision == "mixed":
         precision = "mixed_float16" if devices.gpus else "mixed_bfloat16"
