@@ -81,10 +81,9 @@ def test_the_three_augmentations_agree(flip_lr, flip_ud, dy):
     """numpy (naive generator), eager TF, and TF inside tf.data give the same pixels."""
     image = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
     expected = augment.numpy_apply(image, flip_lr, flip_ud, dy)
-    args = ([flip_lr], [flip_ud], [dy])
-    eager = augment.tf_apply(tf.constant(image[None]), *[tf.constant(a) for a in args])[0].numpy()
-    inside = tf.data.Dataset.from_tensors(image[None]).map(
-        lambda x: augment.tf_apply(x, *[tf.constant(a) for a in args])[0])
+    args = (tf.constant([flip_ud]), tf.constant([dy]), int(flip_lr))
+    eager = augment.tf_apply(tf.constant(image[None]), *args)[0].numpy()
+    inside = tf.data.Dataset.from_tensors(image[None]).map(lambda x: augment.tf_apply(x, *args)[0])
     assert (eager == expected).all()
     assert (next(iter(inside)).numpy() == expected).all()
 
@@ -97,13 +96,21 @@ def test_flip_and_shift_mean_what_they_say():
     assert (shifted[1:] == image[:-1, :, 0]).all() and (shifted[0] == image[0, :, 0]).all()
 
 
-def test_batched_augmentation_mixes_flipped_and_unflipped_images():
+def test_batched_augmentation_flips_a_prefix_and_draws_the_rest_per_example():
     images = tf.constant(np.random.default_rng(1).integers(0, 256, (6, 8, 8, 3), dtype=np.uint8))
-    flip_lr = tf.constant([True, False, True, False, False, True])
-    out = augment.tf_apply(images, flip_lr, tf.zeros([6], tf.bool), tf.zeros([6], tf.int32)).numpy()
-    for index, flipped in enumerate(flip_lr.numpy()):
-        expected = augment.numpy_apply(images[index].numpy(), bool(flipped), False, 0)
+    flip_ud = [True, False, False, True, False, True]
+    dy = [0, 1, -1, 0, 2, -2]
+    out = augment.tf_apply(images, tf.constant(flip_ud), tf.constant(dy), 3).numpy()
+    for index in range(6):
+        expected = augment.numpy_apply(images[index].numpy(), index < 3, flip_ud[index], dy[index])
         assert (out[index] == expected).all()
+
+
+def test_per_example_augmentation_flips_about_half():
+    image = np.zeros((8, 8, 3), np.uint8)
+    image[:, :4] = 255
+    flipped = [bool(augment.tf_augment_one(tf.constant(image), 0)[0].numpy()[4, 0, 0] == 0) for _ in range(200)]
+    assert 60 < sum(flipped) < 140
 
 
 def test_batched_augmentation_changes_images_but_keeps_labels(tiny_spec):

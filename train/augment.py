@@ -40,12 +40,13 @@ def numpy_augment(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return numpy_apply(image, bool(flip_lr), bool(flip_ud), int(dy))
 
 
-def tf_apply(images, flip_lr, flip_ud, dy):
-    """The same mapping for a batch: `images` is [B, H, W, C], the others are [B].
+def tf_apply(images, flip_ud, dy, num_flip_lr):
+    """The same mapping for a batch [B, H, W, C]: `flip_ud` and `dy` are [B]; the first
+    `num_flip_lr` images are flipped left-right.
 
     The up-down flip and the shift become one source row per output row (one gather of
-    whole rows); the left-right flip reverses only the images drawn for it and stitches
-    the batch back together (whole-image copies, no per-pixel select).
+    whole rows). Flipping a prefix of the batch needs no per-pixel select: one reverse of
+    those images and one concatenation.
     """
     import tensorflow as tf
 
@@ -53,25 +54,32 @@ def tf_apply(images, flip_lr, flip_ud, dy):
     rows = tf.clip_by_value(tf.range(height)[None, :] - dy[:, None], 0, height - 1)
     rows = tf.where(flip_ud[:, None], height - 1 - rows, rows)
     shifted = tf.gather(images, rows, axis=1, batch_dims=1)
-    keep, flip = tf.dynamic_partition(tf.range(tf.shape(images)[0]), tf.cast(flip_lr, tf.int32), 2)
-    stitched = tf.dynamic_stitch(
-        [keep, flip], [tf.gather(shifted, keep), tf.reverse(tf.gather(shifted, flip), axis=[2])]
-    )
-    return tf.ensure_shape(stitched, images.shape)
+    flipped = tf.concat([tf.reverse(shifted[:num_flip_lr], axis=[2]), shifted[num_flip_lr:]], axis=0)
+    return tf.ensure_shape(flipped, images.shape)
 
 
 def tf_augment_batch(images, labels):
-    """Augment a batch with vectorized ops (random draws per example)."""
+    """Augment a shuffled batch with vectorized ops.
+
+    Up-down flips and shifts are drawn per example. Left-right flips go to the first half of
+    the batch: the batch comes out of a shuffle buffer, so that half is a random half and
+    each example is flipped with probability 1/2, at half the cost of flipping a random mask.
+    """
     import tensorflow as tf
 
     batch = tf.shape(images)[0]
     shift = max_shift(int(images.shape[1]))
-    flips = tf.random.uniform([2, batch]) < 0.5
+    flip_ud = tf.random.uniform([batch]) < 0.5
     dy = tf.random.uniform([batch], -shift, shift + 1, dtype=tf.int32)
-    return tf_apply(images, flips[0], flips[1], dy), labels
+    return tf_apply(images, flip_ud, dy, batch // 2), labels
 
 
 def tf_augment_one(image, label):
     """Augment one example (for a per-element `map` before `batch`)."""
-    images, _ = tf_augment_batch(image[None], label)
-    return images[0], label
+    import tensorflow as tf
+
+    shift = max_shift(int(image.shape[0]))
+    flip_ud = tf.random.uniform([1]) < 0.5
+    dy = tf.random.uniform([1], -shift, shift + 1, dtype=tf.int32)
+    flip_lr = tf.cast(tf.random.uniform([]) < 0.5, tf.int32)
+    return tf_apply(image[None], flip_ud, dy, flip_lr)[0], label
