@@ -45,7 +45,7 @@ def test_ladder_turns_on_one_technique_per_rung(tiny_data_dir, tmp_path):
                      *sets(tiny_data_dir, "data.num_train=512", "pipeline.shuffle_buffer=16"), timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "ladder.json").read_text())
-    rungs = yaml.safe_load((ROOT / "configs/ladder.yaml").read_text())["rungs"]
+    rungs = yaml.safe_load((ROOT / "configs/ladder/ladder.yaml").read_text())["rungs"]
     assert [row["name"] for row in report["rungs"]] == [rung["name"] for rung in rungs]
     for row, rung in zip(report["rungs"], rungs):
         if rung.get("needs_devices", 1) > 1:
@@ -53,7 +53,8 @@ def test_ladder_turns_on_one_technique_per_rung(tiny_data_dir, tmp_path):
             continue
         assert row["gain"] > 0 and row["gain_range"][0] <= row["gain"] <= row["gain_range"][1]
         assert row["kept"] == (rung.get("keep", "always") == "always" or row["gain"] > 1.0)
-        assert row["input_bound_percent"] is not None
+        # xprof finds no step markers inside a multi-step execution: n/a there, measured everywhere else
+        assert (row["input_bound_percent"] is None) == (row["steps_per_execution"] > 1)
     by_name = {row["name"]: row for row in report["rungs"]}
     assert by_name["larger batch"]["batch_size"] == 256
     assert by_name["mixed precision"]["precision"] in ("mixed_bfloat16", "mixed_float16")

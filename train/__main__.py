@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
     _scenario_args(ladder, out="runs/ladder")
-    ladder.add_argument("--ladder", default="configs/ladder.yaml", help="the rungs (default: %(default)s)")
+    ladder.add_argument("--ladder", default="configs/ladder/ladder.yaml", help="the rungs (default: %(default)s)")
     ladder.add_argument("--trials", type=int, default=5, help="paired trials per rung (default: %(default)s)")
     ladder.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per trial (default: %(default)s)")
     ladder.set_defaults(func=cmd_ladder)

@@ -1,6 +1,6 @@
 """`make ladder`: from the naive preset, one technique per rung, each measured against the last.
 
-The rungs are config overrides listed in configs/ladder.yaml. Each rung is compared with
+The rungs are config overrides listed in configs/ladder/ladder.yaml. Each rung is compared with
 the rung kept before it in paired, interleaved trials (warm-up excluded); its gain is the
 median of the per-round ratios. The input-bound share of each rung comes from a short
 profile with step markers. Results: runs/ladder/ladder.json, ladder.md, ladder.png (a

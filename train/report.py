@@ -81,9 +81,9 @@ def table(report: dict) -> str:
         ("precision", "precision", 0, ""),
     ]
     width = max(len(label) for label, *_ in rows) + 2
-    lines = ["".ljust(width) + "".join(name.rjust(14) for name in names)]
+    lines = ["".ljust(width) + "".join(name.rjust(16) for name in names)]
     for label, key, digits, suffix in rows:
-        cells = [_fmt(report["runs"][n][key], digits, suffix).rjust(14) for n in names]
+        cells = [_fmt(report["runs"][n][key], digits, suffix).rjust(16) for n in names]
         lines.append(label.ljust(width) + "".join(cells))
     if report["speedup"]:
         lines.append(f"speedup ({names[-1]} / {names[0]} examples/s): {report['speedup']:.2f}x")
