@@ -54,16 +54,21 @@ def test_the_same_check_rejects_a_broken_compose_file(tmp_path, breakage):
 def test_services_use_gpus_shared_volumes_and_existing_commands():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert {"train-naive", "train-optimized", "compare", "tensorboard"} <= set(services)
+    assert {"train-naive", "train-optimized", "compare", "tensorboard", "data-dispatcher",
+            "data-worker"} <= set(services)
     targets, commands = make_targets(), cli_commands()
     for name, service in services.items():
         command = service["command"]
+        if command[:2] == ["sh", "-c"]:
+            command = command[2].removeprefix("exec ").split()
         if command[0] == "make":
             assert command[1] in targets, f"{name}: make target {command[1]} does not exist"
         else:
             assert command[:3] == ["python", "-m", "train"] and command[3] in commands, name
-    gpu_services = [s for s in services.values() if "deploy" in s]
-    for service in gpu_services:
+    gpu_services = [name for name, s in services.items() if s.get("deploy")]
+    assert {"train-naive", "train-optimized", "compare"} <= set(gpu_services)
+    assert not services["data-worker"].get("deploy") and "ports" not in services["data-worker"]
+    for service in (services[name] for name in gpu_services):
         devices = service["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
         assert "./runs:/workspace/template/runs" in service["volumes"]

@@ -102,6 +102,12 @@ def cmd_tensorboard(args) -> int:
     return 0
 
 
+def cmd_data_service(args) -> int:
+    from train import data_service
+
+    return data_service.main(args)
+
+
 def cmd_lint(args) -> int:
     from train import lint
 
@@ -158,6 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     board.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, this machine only)")
     board.add_argument("--port", type=int, default=6006)
     board.set_defaults(func=cmd_tensorboard)
+
+    service = commands.add_parser("data-service", help="run a tf.data service dispatcher or worker")
+    service.add_argument("role", choices=["dispatcher", "worker"])
+    service.add_argument("--port", type=int, default=5050, help="port to serve on (default: %(default)s)")
+    service.add_argument("--dispatcher", default="localhost:5050", help="worker: the dispatcher's HOST:PORT")
+    service.add_argument("--advertise", default="localhost",
+                         help="worker: the host name the trainer uses to reach this worker (default: %(default)s)")
+    service.add_argument("--work-dir", help="dispatcher: folder for its journal, so it survives restarts")
+    service.set_defaults(func=cmd_data_service)
 
     lint = commands.add_parser("lint", help="check Dockerfile (hadolint) and docker-compose.yml (Compose v2) offline")
     lint.add_argument("--dockerfile", default="Dockerfile")

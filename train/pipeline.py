@@ -155,6 +155,11 @@ def build(
                               deterministic=knobs.deterministic)
     if training:
         dataset = dataset.repeat()
+        if knobs.data_service:
+            # Everything above runs on the service's workers; the trainer receives batches.
+            dataset = dataset.apply(tf.data.experimental.service.distribute(
+                processing_mode=knobs.data_service_mode, service=knobs.data_service,
+                job_name=f"train-{seed}" if knobs.data_service_mode == "distributed_epoch" else None))
     if knobs.prefetch:
         dataset = dataset.prefetch(_auto(knobs.prefetch))
     return dataset.with_options(options(knobs))

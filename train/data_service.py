@@ -1,0 +1,55 @@
+"""The tf.data service: preprocessing on other processes or machines, TensorFlow's own engine.
+
+    python -m train data-service dispatcher --port 5050
+    python -m train data-service worker --port 5051 --dispatcher localhost:5050
+
+A training config with `pipeline.data_service: grpc://HOST:5050` then runs reading,
+decoding, caching, shuffling, batching and augmenting on the workers and receives compact
+uint8 batches (see train/pipeline.py). `pipeline.data_service_mode` picks how workers
+share the data: `parallel_epochs` (each worker produces the whole dataset) or
+`distributed_epoch` (the shards are split between workers, each example once per epoch).
+
+TensorFlow's servers listen on every interface and offer no bind address, so keep the
+ports private: on one machine nothing else is needed, in Docker Compose the services
+publish no port, across hosts use a private network or a firewall.
+"""
+
+from __future__ import annotations
+
+import sys
+
+LISTEN_WARNING = (
+    "note: tf.data service servers listen on all interfaces (TensorFlow has no bind-address option); "
+    "keep port {port} private (firewall, private network, or an unpublished Compose port)."
+)
+
+
+def dispatcher(port: int, work_dir: str | None = None) -> None:
+    import tensorflow as tf
+
+    config = tf.data.experimental.service.DispatcherConfig(
+        port=port, work_dir=work_dir, fault_tolerant_mode=bool(work_dir))
+    server = tf.data.experimental.service.DispatchServer(config)
+    print(f"tf.data service dispatcher: {server.target}", flush=True)
+    print(LISTEN_WARNING.format(port=port), file=sys.stderr, flush=True)
+    server.join()
+
+
+def worker(port: int, dispatcher_address: str, advertised_host: str = "localhost") -> None:
+    import tensorflow as tf
+
+    address = dispatcher_address.removeprefix("grpc://")
+    config = tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=address, worker_address=f"{advertised_host}:{port}", port=port)
+    server = tf.data.experimental.service.WorkerServer(config)
+    print(f"tf.data service worker {advertised_host}:{port} -> dispatcher {address}", flush=True)
+    print(LISTEN_WARNING.format(port=port), file=sys.stderr, flush=True)
+    server.join()
+
+
+def main(args) -> int:
+    if args.role == "dispatcher":
+        dispatcher(args.port, args.work_dir)
+    else:
+        worker(args.port, args.dispatcher, args.advertise)
+    return 0
