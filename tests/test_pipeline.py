@@ -109,8 +109,18 @@ def test_batched_augmentation_flips_a_prefix_and_draws_the_rest_per_example():
 def test_per_example_augmentation_flips_about_half():
     image = np.zeros((8, 8, 3), np.uint8)
     image[:, :4] = 255
-    flipped = [bool(augment.tf_augment_one(tf.constant(image), 0)[0].numpy()[4, 0, 0] == 0) for _ in range(200)]
+    flipped = [bool(augment.tf_augment_one(index, (tf.constant(image), 0))[0].numpy()[4, 0, 0] == 0)
+               for index in range(200)]
     assert 60 < sum(flipped) < 140
+
+
+def test_augmentation_draws_are_a_function_of_seed_and_index():
+    images = tf.constant(np.random.default_rng(2).integers(0, 256, (8, 16, 16, 3), dtype=np.uint8))
+    labels = tf.range(8)
+    first = augment.tf_augment_batch(5, (images, labels), seed=1)[0].numpy()
+    assert (first == augment.tf_augment_batch(5, (images, labels), seed=1)[0].numpy()).all()
+    assert not (first == augment.tf_augment_batch(6, (images, labels), seed=1)[0].numpy()).all()
+    assert not (first == augment.tf_augment_batch(5, (images, labels), seed=2)[0].numpy()).all()
 
 
 def test_batched_augmentation_changes_images_but_keeps_labels(tiny_spec):
@@ -118,7 +128,7 @@ def test_batched_augmentation_changes_images_but_keeps_labels(tiny_spec):
     images = np.stack([np.full((32, 32, 3), i, np.uint8) for i in range(8)])
     images[:, :, :16] = 0  # left half dark, so a left-right flip shows
     labels = np.arange(8)
-    out, out_labels = augment.tf_augment_batch(tf.constant(images), tf.constant(labels))
+    out, out_labels = augment.tf_augment_batch(0, (tf.constant(images), tf.constant(labels)))
     assert (out_labels.numpy() == labels).all() and out.dtype == tf.uint8
     assert not (out.numpy() == images).all()
     assert knob.augment == "batched"

@@ -54,7 +54,7 @@ def cmd_fit(args) -> int:
 
     from train import datasets, fit
 
-    fit.run(cfg, config_path=args.config,
+    fit.run(cfg, config_path=args.config, fresh=args.fresh,
             build_hint=datasets.data_command(args.config, args.overlay, args.overrides))
     return 0
 
@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     fit = commands.add_parser("fit", help="train one config into runs/<name>/")
     _config_args(fit)
     fit.add_argument("--name", help="run name (default: the config's name)")
+    fit.add_argument("--fresh", action="store_true",
+                     help="start over even if runs/<name> holds an unfinished run (default: resume it)")
     fit.set_defaults(func=cmd_fit)
 
     compare = commands.add_parser("compare", help="train naive and optimized on the same data and model, report")

@@ -58,28 +58,41 @@ def tf_apply(images, flip_ud, dy, num_flip_lr):
     return tf.ensure_shape(flipped, images.shape)
 
 
-def tf_augment_batch(images, labels):
-    """Augment a shuffled batch with vectorized ops.
+def _seed(seed, index):
+    """A stateless seed from the run's seed and an element or batch index."""
+    import tensorflow as tf
 
-    Up-down flips and shifts are drawn per example. Left-right flips go to the first half of
-    the batch: the batch comes out of a shuffle buffer, so that half is a random half and
-    each example is flipped with probability 1/2, at half the cost of flipping a random mask.
+    return tf.stack([tf.cast(seed, tf.int64), tf.cast(index, tf.int64)])
+
+
+def tf_augment_batch(index, batch, seed: int = 0):
+    """Augment the `index`-th batch of a shuffled stream with vectorized ops.
+
+    Random draws are stateless functions of (seed, index): the same batch gets the same
+    augmentation in every run and in any thread, which is what makes resumed runs exact.
+    Up-down flips and shifts are drawn per example. Left-right flips go to the first half
+    of the batch: it comes out of a shuffle buffer, so that half is a random half and each
+    example is flipped with probability 1/2, at half the cost of flipping a random mask.
     """
     import tensorflow as tf
 
-    batch = tf.shape(images)[0]
+    images, labels = batch
+    size = tf.shape(images)[0]
     shift = max_shift(int(images.shape[1]))
-    flip_ud = tf.random.uniform([batch]) < 0.5
-    dy = tf.random.uniform([batch], -shift, shift + 1, dtype=tf.int32)
-    return tf_apply(images, flip_ud, dy, batch // 2), labels
+    key = _seed(seed, index)
+    flip_ud = tf.random.stateless_uniform([size], seed=key) < 0.5
+    dy = tf.random.stateless_uniform([size], seed=key + [0, 1 << 40], minval=-shift, maxval=shift + 1,
+                                     dtype=tf.int32)
+    return tf_apply(images, flip_ud, dy, size // 2), labels
 
 
-def tf_augment_one(image, label):
-    """Augment one example (for a per-element `map` before `batch`)."""
+def tf_augment_one(index, example, seed: int = 0):
+    """Augment the `index`-th example (for a per-element `map` before `batch`)."""
     import tensorflow as tf
 
+    image, label = example
     shift = max_shift(int(image.shape[0]))
-    flip_ud = tf.random.uniform([1]) < 0.5
-    dy = tf.random.uniform([1], -shift, shift + 1, dtype=tf.int32)
-    flip_lr = tf.cast(tf.random.uniform([]) < 0.5, tf.int32)
-    return tf_apply(image[None], flip_ud, dy, flip_lr)[0], label
+    draws = tf.random.stateless_uniform([3], seed=_seed(seed, index))
+    dy = tf.cast(tf.floor(draws[1] * (2 * shift + 1)), tf.int32) - shift
+    flip_lr = tf.cast(draws[2] < 0.5, tf.int32)
+    return tf_apply(image[None], (draws[:1] < 0.5), dy[None], flip_lr)[0], label

@@ -52,6 +52,7 @@ class PipelineConfig:
     autotune: bool = True  # let tf.data tune parallelism and buffer sizes
     private_threadpool_size: int = 0  # 0 uses TensorFlow's shared inter-op pool
     max_intra_op_parallelism: int = 0  # 0 lets one op use every core; 1 keeps ops from fighting the model for cores
+    skip_corrupt: bool = False  # skip damaged records (found by a scan before training, counted in the summary)
     data_service: Union[str, None] = None  # grpc://HOST:PORT of a tf.data service dispatcher
     data_service_mode: Literal["parallel_epochs", "distributed_epoch"] = "parallel_epochs"
 
@@ -78,6 +79,19 @@ class TrainConfig:
     steps_per_execution: Union[int, Auto] = "auto"
     strategy: Literal["auto", "default", "mirrored", "multi_worker"] = "auto"
     seed: int = 0
+    # Reproducible runs: TensorFlow op determinism and an ordered pipeline (pipeline.deterministic
+    # is forced on); a resumed run then ends with exactly the weights of an uninterrupted one.
+    deterministic: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving progress, so that rerunning the same command after a crash resumes."""
+
+    enabled: bool = True
+    every_epochs: int = 1
+    every_steps: int = 0  # also save every N steps within an epoch (0: only at epoch ends)
+    keep: int = 2  # newest checkpoints kept
 
 
 @dataclass
@@ -106,6 +120,7 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
@@ -217,6 +232,9 @@ def _check_ranges(cfg: Config, source: str) -> None:
     need(t.warmup_steps == "auto" or t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "'auto' or >= 0")
     need(t.steps_per_execution == "auto" or t.steps_per_execution >= 1, "train.steps_per_execution",
          t.steps_per_execution, "'auto' or >= 1")
+    need(cfg.checkpoint.every_epochs >= 1, "checkpoint.every_epochs", cfg.checkpoint.every_epochs, ">= 1")
+    need(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", cfg.checkpoint.every_steps, ">= 0")
+    need(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, ">= 1")
     need(cfg.profile.start_step >= 0, "profile.start_step", cfg.profile.start_step, ">= 0")
     need(cfg.profile.num_steps >= 1, "profile.num_steps", cfg.profile.num_steps, ">= 1")
     need(cfg.monitor.interval_s > 0, "monitor.interval_s", cfg.monitor.interval_s, "> 0")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,12 +98,23 @@ def _is_built(directory: Path) -> bool:
     return (directory / "dataset_info.json").is_file()
 
 
+def remove_incomplete(directory: Path) -> list[Path]:
+    """Delete what an interrupted build left beside `directory` (tensorflow-datasets writes into
+    an `incomplete.*` folder and renames it when the build is complete)."""
+    leftovers = sorted(directory.parent.glob("incomplete.*")) if directory.parent.is_dir() else []
+    for leftover in leftovers:
+        shutil.rmtree(leftover, ignore_errors=True)
+    return leftovers
+
+
 def prepare(data: DataConfig) -> tuple[DatasetSpec, bool]:
     """Build the dataset unless it is already there. Returns (spec, built_now)."""
     _, source, argument = _split_source(data.source)
     directory = source.dataset_dir(data, argument)
     if _is_built(directory):
         return _read_spec(directory), False
+    for leftover in remove_incomplete(directory):
+        print(f"Removed the leftovers of an interrupted build: {leftover}", flush=True)
     source.prepare(data, argument, directory)
     if not _is_built(directory):
         raise UserError(f"Building data.source '{data.source}' finished but wrote no dataset to {directory}.")

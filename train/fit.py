@@ -5,6 +5,8 @@ The run folder (runs/<name>/) is the interface to everything that analyses a run
     train/, validation/  TensorBoard events: loss, accuracy, examples/s, step time
     system/            TensorBoard events: CPU and GPU utilization samples
     plugins/profile/   the TensorBoard profile of a steady-state window, with step markers
+    checkpoints/       the newest checkpoints, to resume an unfinished run (see train/checkpoint.py)
+    model.keras        the trained model
     summary.json       the figures: examples/s, step time, accuracy, utilization, device
 """
 
@@ -20,15 +22,17 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from train import checkpoint, datasets, devices, guards, integrity, models, pipeline
 from train import config as config_lib
-from train import datasets, devices, models, pipeline
 from train.config import Config
 from train.errors import UserError
+from train.guards import NanGuard
 from train.monitor import MonitorCallback, Sampler
 from train.profiling import StepTraceProfiler
 from train.throughput import StepTimer
 
-RUN_OUTPUTS = ("config.yaml", "summary.json", "train", "validation", "system", "plugins")
+RUN_OUTPUTS = ("config.yaml", "summary.json", "model.keras", "train", "validation", "system", "plugins",
+               "checkpoints")
 
 
 def write_json(path: Path, payload: dict) -> None:
@@ -38,18 +42,9 @@ def write_json(path: Path, payload: dict) -> None:
     tmp.replace(path)
 
 
-def _fresh_run_dir(run_dir: Path) -> None:
-    """Clear what an earlier run of the same name wrote, so events and profiles don't mix."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for name in RUN_OUTPUTS:
-        path = run_dir / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-
-
 def resolved_config(cfg: Config, choices: devices.Choices) -> Config:
+    if cfg.train.deterministic and not cfg.pipeline.deterministic:
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, deterministic=True))
     train = dataclasses.replace(
         cfg.train,
         precision=choices.precision,
@@ -113,15 +108,58 @@ def _profile_window(cfg: Config, total_steps: int, steps_per_execution: int) -> 
     return max(0, min(cfg.profile.start_step, total_steps - needed))
 
 
-def run(cfg: Config, config_path: str | None = None, build_hint: str = "make data", log=print) -> dict:
+def _prepare_run_dir(cfg: Config, fresh: bool) -> tuple[Path, dict | None]:
+    """Start fresh, or find where an interrupted run of the same config stopped.
+
+    An unfinished run (checkpoints but no summary.json) of the same resolved config is
+    resumed; a finished run, or `--fresh`, starts over; an unfinished run of another config
+    is an error rather than a silent mix of two runs.
+    """
+    run_dir = cfg.run_dir
+    checkpoint.remove_partial(run_dir)
+    found = None if fresh or (run_dir / "summary.json").exists() else checkpoint.latest(run_dir)
+    if found is not None:
+        saved = run_dir / "config.yaml"
+        previous = config_lib.load(saved) if saved.exists() else None
+        if previous != cfg:
+            changed = _differences(config_lib.to_dict(previous), config_lib.to_dict(cfg)) if previous else ["?"]
+            raise UserError(
+                f"{run_dir} holds an unfinished run (checkpoint {found[0].name}) of a different config "
+                f"(it differs in: {', '.join(changed[:5])}). Rerun with --fresh to start over, or give this run "
+                "another name (--name NAME)."
+            )
+        return run_dir, {"folder": str(found[0]), **found[1]}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    return run_dir, None
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    keys = sorted(set(old) | set(new))
+    out = []
+    for key in keys:
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def run(cfg: Config, config_path: str | None = None, build_hint: str = "make data", log=print,
+        fresh: bool = False) -> dict:
     """Train `cfg` and return its summary (also written to runs/<name>/summary.json)."""
     spec = datasets.locate(cfg.data, build_hint)
     found = devices.detect()
     choices = devices.resolve(cfg.train, found)
     cfg = resolved_config(cfg, choices)
     check_batch_size(cfg, spec)
-    run_dir = cfg.run_dir
-    _fresh_run_dir(run_dir)
+    run_dir, resume = _prepare_run_dir(cfg, fresh)
     header = "\n".join(
         [f"Resolved config of run '{cfg.name}' on {found.describe()}."]
         + [f"auto {key}: {reason}" for key, reason in choices.reasons.items()]
@@ -132,48 +170,95 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
     log(f"[{cfg.name}] device: {found.describe()}")
     log(f"[{cfg.name}] pipeline: {pipeline.describe(knobs, spec, spec.num_train)}")
     log(f"[{cfg.name}] precision={choices.precision} jit_compile={choices.jit_compile} "
-        f"steps_per_execution={choices.steps_per_execution} strategy={choices.strategy}")
+        f"steps_per_execution={choices.steps_per_execution} strategy={choices.strategy}"
+        + (" deterministic" if cfg.train.deterministic else ""))
+
+    damaged, skipped = {}, []
+    if knobs.skip_corrupt:
+        scans = integrity.scan_dataset(spec)
+        damaged = {path: scan.good for path, scan in scans.items() if scan.problems}
+        skipped = [problem for scan in scans.values() for problem in scan.problems]
+        if skipped:
+            log(f"[{cfg.name}] skip_corrupt: skipping {integrity.describe(skipped)}")
 
     keras.utils.set_random_seed(cfg.train.seed)
-    train_ds = pipeline.build(spec.train_files, spec, knobs, training=True,
-                              num_examples=spec.num_train, seed=cfg.train.seed)
-    val_ds = pipeline.build(spec.val_files, spec, knobs, training=False,
-                            num_examples=spec.num_val, seed=cfg.train.seed)
+    if cfg.train.deterministic:
+        tf.config.experimental.enable_op_determinism()
     steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(spec.num_train, knobs.batch_size,
                                                                    knobs.drop_remainder)
     model = build_model(cfg, spec, choices, total_steps=steps * cfg.train.epochs)
     if cfg.profile.enabled and choices.steps_per_execution > 1:
         log(f"[{cfg.name}] note: with steps_per_execution={choices.steps_per_execution} xprof finds no step "
             "markers inside multi-step executions: the trace viewer works, the step-time analysis will be n/a.")
-    warmup = warmup_steps(cfg.train.warmup_steps, steps, cfg.train.epochs)
+
+    start_epoch, start_step, history = 0, 0, {}
+    if resume:
+        checkpoint.restore(model, Path(resume["folder"]))
+        start_epoch, start_step, history = resume["epoch"], resume["step_in_epoch"], resume["history"]
+        log(f"[{cfg.name}] resuming from {resume['folder']} (epoch {start_epoch + 1}, step {start_step}); "
+            "--fresh starts over")
+    done_steps = start_epoch * steps + start_step
+
+    warmup = warmup_steps(cfg.train.warmup_steps, steps, cfg.train.epochs - start_epoch)
     timer = StepTimer(knobs.batch_size, warmup, run_dir / "train")
-    callbacks = []
+    guard = NanGuard()
+    callbacks = [guard]
     profiler = None
     if cfg.profile.enabled:
-        start = _profile_window(cfg, steps * cfg.train.epochs, choices.steps_per_execution)
+        start = _profile_window(cfg, steps * cfg.train.epochs - done_steps, choices.steps_per_execution)
         profiler = StepTraceProfiler(run_dir, start, cfg.profile.num_steps)
         callbacks.append(profiler)  # before the timer: profiler start/stop stay outside timed steps
     callbacks.append(timer)
-    sampler = None
-    if cfg.monitor.enabled:
-        sampler = Sampler(cfg.monitor.interval_s)
+    saver = None
+    if cfg.checkpoint.enabled:
+        saver = checkpoint.Checkpointer(run_dir, steps, cfg.checkpoint.every_epochs, cfg.checkpoint.every_steps,
+                                        cfg.checkpoint.keep, start_global_step=done_steps, history=history)
+        callbacks.append(saver)
+    sampler = Sampler(cfg.monitor.interval_s) if cfg.monitor.enabled else None
+    if sampler is not None:
         callbacks.append(MonitorCallback(sampler, run_dir / "system", log=lambda m: log(f"[{cfg.name}] {m}")))
     callbacks.append(keras.callbacks.TensorBoard(log_dir=str(run_dir), write_graph=False, profile_batch=0))
 
+    val_ds = pipeline.build(spec.val_files, spec, knobs, training=False, num_examples=spec.num_val,
+                            seed=cfg.train.seed, damaged=damaged)
     started = time.perf_counter()
-    history = model.fit(
-        train_ds,
-        epochs=cfg.train.epochs,
-        steps_per_epoch=steps,
-        shuffle=False,  # the dataset shuffles itself
-        validation_data=val_ds,
-        validation_steps=pipeline.steps_per_epoch(spec.num_val, knobs.batch_size, drop_remainder=False),
-        callbacks=callbacks,
-        verbose=1 if sys.stdout.isatty() else 2,
-    )
+    try:
+        if sampler is not None:
+            sampler.start()
+        for initial_epoch, epochs, segment_steps in checkpoint.plan_segments(cfg.train.epochs, steps, start_epoch,
+                                                                             start_step):
+            train_ds = pipeline.build(spec.train_files, spec, knobs, training=True, num_examples=spec.num_train,
+                                      seed=cfg.train.seed, damaged=damaged)
+            if done_steps:
+                train_ds = train_ds.skip(done_steps)  # the batches already trained on, in the same order
+            segment = model.fit(
+                train_ds,
+                initial_epoch=initial_epoch,
+                epochs=epochs,
+                steps_per_epoch=segment_steps,
+                shuffle=False,  # the dataset shuffles itself
+                validation_data=val_ds,
+                validation_steps=pipeline.steps_per_epoch(spec.num_val, knobs.batch_size, drop_remainder=False),
+                callbacks=callbacks,
+                verbose=1 if sys.stdout.isatty() else 2,
+            )
+            for key, values in segment.history.items():
+                history.setdefault(key, []).extend(float(v) for v in values)
+            done_steps += (epochs - initial_epoch) * segment_steps
+            if guard.tripped:
+                break
+    except tf.errors.ResourceExhaustedError:
+        raise guards.oom_error(knobs.batch_size, found.describe(), guards.largest_batch_that_fit()) from None
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.UnknownError) as error:
+        raise _data_error(error, spec, build_hint) from None
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    if guard.tripped:
+        last = checkpoint.latest(run_dir)
+        raise guards.nan_error(guard.tripped, str(last[0]) if last else None, cfg.train.learning_rate)
     wall = time.perf_counter() - started
 
-    metrics = history.history
     summary = {
         "name": cfg.name,
         "run_dir": str(run_dir),
@@ -192,12 +277,15 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
         "epochs": cfg.train.epochs,
         "steps_per_epoch": steps,
         "warmup_steps": warmup,
+        "resumed_from": resume["folder"] if resume else None,
+        "skipped_records": len(skipped),
+        "skipped_record_details": [str(problem) for problem in skipped[:100]],
         **timer.summary(),
-        "final_loss": _last(metrics, "loss"),
-        "final_accuracy": _last(metrics, "accuracy"),
-        "val_loss": _last(metrics, "val_loss"),
-        "val_accuracy": _last(metrics, "val_accuracy"),
-        "history": {k: [float(x) for x in v] for k, v in metrics.items()},
+        "final_loss": _last(history, "loss"),
+        "final_accuracy": _last(history, "accuracy"),
+        "val_loss": _last(history, "val_loss"),
+        "val_accuracy": _last(history, "val_accuracy"),
+        "history": history,
         "wall_time_s": wall,
     }
     summary.update(_profile_figures(run_dir))
@@ -205,12 +293,42 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
         summary["utilization"] = sampler.summary(since=timer.steady_since or 0.0)
         summary["cpu_utilization_percent"] = (summary["utilization"]["cpu_utilization_percent"] or {}).get("mean")
         summary["gpu_utilization_percent"] = summary["utilization"]["gpu_utilization_percent"]
-    write_json(run_dir / "summary.json", summary)
+    if knobs.skip_corrupt:
+        _write_scalar(run_dir / "train", "data/skipped_records", len(skipped))
+    save_model(model, run_dir / "model.keras")
+    write_json(run_dir / "summary.json", summary)  # last: a summary means the run is complete
     input_share = summary.get("input_bound_percent")
-    log(f"[{cfg.name}] {summary['examples_per_sec']:.0f} examples/s, step {summary['step_time_ms']:.1f} ms, "
+    rate = summary["examples_per_sec"]
+    log(f"[{cfg.name}] " + (f"{rate:.0f} examples/s, step {summary['step_time_ms']:.1f} ms, " if rate else "")
         + (f"{input_share:.1f}% of step time waiting for input, " if input_share is not None else "")
         + f"val_accuracy {summary['val_accuracy']:.3f}  ->  {run_dir}/summary.json")
     return summary
+
+
+def save_model(model: keras.Model, path: Path) -> None:
+    """The trained model (architecture, weights, optimizer), written atomically."""
+    tmp = path.with_name(path.stem + ".tmp.keras")
+    model.save(tmp)
+    tmp.replace(path)
+
+
+def _write_scalar(logdir: Path, tag: str, value: float) -> None:
+    writer = tf.summary.create_file_writer(str(logdir), filename_suffix=".data")
+    with writer.as_default():
+        tf.summary.scalar(tag, value, step=0)
+    writer.close()
+
+
+def _data_error(error: Exception, spec: datasets.DatasetSpec, build_hint: str) -> Exception:
+    """A clear error naming the damaged shard and record, when the data is what failed."""
+    problems = [p for scan in integrity.scan_dataset(spec).values() for p in scan.problems]
+    if not problems:
+        return error
+    return UserError(
+        f"The dataset at {spec.root} is damaged: {integrity.describe(problems)}. Rebuild it (delete {spec.root} "
+        f"and run {build_hint}), or set pipeline.skip_corrupt=true to train on the readable records (the count of "
+        "skipped records goes into summary.json and TensorBoard)."
+    )
 
 
 def _profile_figures(run_dir: Path) -> dict:

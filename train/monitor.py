@@ -131,7 +131,7 @@ def _stats(values: list[float]) -> dict | None:
 
 
 class MonitorCallback(keras.callbacks.Callback):
-    """Runs a Sampler during training; writes its samples as TensorBoard scalars."""
+    """Writes a running Sampler's samples as TensorBoard scalars (the caller starts and stops it)."""
 
     def __init__(self, sampler: Sampler, logdir: Path, log=print):
         super().__init__()
@@ -144,18 +144,16 @@ class MonitorCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         import tensorflow as tf
 
-        self._writer = tf.summary.create_file_writer(str(self.logdir), filename_suffix=".monitor")
-        if not self.sampler.gpu_available:
-            self.log(f"GPU utilization: unavailable ({self.sampler.gpu_unavailable_reason}); sampling CPU only.")
-        self.sampler.start()
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(str(self.logdir), filename_suffix=".monitor")
+            if not self.sampler.gpu_available:
+                self.log(f"GPU utilization: unavailable ({self.sampler.gpu_unavailable_reason}); sampling CPU only.")
 
     def on_epoch_end(self, epoch, logs=None):
         self._write()
 
     def on_train_end(self, logs=None):
-        self.sampler.stop()
         self._write()
-        self._writer.close()
 
     def _write(self):
         import tensorflow as tf

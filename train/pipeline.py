@@ -69,15 +69,31 @@ def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bo
     epochs = itertools.count()
     python_augment = training and knobs.augment == "python"
 
+    def decode(path: str, index: int, item) -> tuple[np.ndarray, int]:
+        if isinstance(item, records.CorruptRecord):
+            raise item
+        try:
+            encoded, label = records.parse_example(item)
+            image = np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB"))
+        except (ValueError, OSError) as error:  # PIL raises OSError subclasses for bad images
+            raise records.CorruptRecord(path, index, f"image does not decode ({error})") from None
+        if image.shape != spec.image_shape:
+            raise records.CorruptRecord(path, index, f"image is {image.shape}, the dataset says {spec.image_shape}")
+        return image, label
+
     def examples():
         rng = np.random.default_rng([seed, next(epochs)])
         order = list(files)
         if training and knobs.shuffle_files:
             rng.shuffle(order)
         for path in order:
-            for payload in records.iter_records(path):
-                encoded, label = records.parse_example(payload)
-                image = np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB"))
+            for index, item in records.read_records(path):
+                try:
+                    image, label = decode(path, index, item)
+                except records.CorruptRecord:
+                    if knobs.skip_corrupt:
+                        continue
+                    raise
                 if python_augment:
                     image = augment.numpy_augment(image, rng)
                 yield image, label
@@ -89,9 +105,17 @@ def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bo
     return tf.data.Dataset.from_generator(examples, output_signature=signature)
 
 
-def _tfrecord_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bool, seed: int) -> tf.data.Dataset:
-    """Shard list -> interleaved TFRecord reads -> parallel parse and decode."""
-    file_list = tf.data.Dataset.from_tensor_slices(list(files))
+def _tfrecord_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bool, seed: int,
+                     damaged: dict[str, list[bytes]]) -> tf.data.Dataset:
+    """Shard list -> interleaved TFRecord reads -> parallel parse and decode.
+
+    `damaged` holds the readable records of shards with damaged ones (found by a scan when
+    pipeline.skip_corrupt is on): TensorFlow's reader stops at the first damaged record of a
+    file, so those shards are read from the scan's copy instead.
+    """
+    damaged_here = [payload for path in files if path in damaged for payload in damaged[path]]
+    files = [path for path in files if path not in damaged]
+    file_list = tf.data.Dataset.from_tensor_slices(files)
     if training and knobs.shuffle_files:
         file_list = file_list.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     if knobs.parallel_reads == 1:
@@ -104,6 +128,8 @@ def _tfrecord_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: 
             num_parallel_calls=parallel_reads,
             deterministic=knobs.deterministic,
         )
+    if damaged_here:
+        serialized = serialized.concatenate(tf.data.Dataset.from_tensor_slices(damaged_here))
     spec_features = records.feature_spec()
 
     def parse_and_decode(payload):
@@ -136,25 +162,33 @@ def build(
     num_examples: int,
     seed: int = 0,
     batch_size: int | None = None,
+    damaged: dict[str, list[bytes]] | None = None,
 ) -> tf.data.Dataset:
     """The input pipeline for one split. `training=False` reads in order without augmentation."""
     batch_size = batch_size or knobs.batch_size
-    reader = _python_reader if knobs.reader == "python" else _tfrecord_reader
-    dataset = reader(files, spec, knobs, training, seed)
+    if knobs.reader == "python":
+        dataset = _python_reader(files, spec, knobs, training, seed)
+    else:
+        dataset = _tfrecord_reader(files, spec, knobs, training, seed, damaged or {})
     if cache_enabled(knobs, spec, num_examples):
         dataset = dataset.cache()
     if training and knobs.shuffle_buffer:
         dataset = dataset.shuffle(knobs.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     parallel_calls = _auto(knobs.parallel_calls)
     if training and knobs.augment == "per_example":
-        dataset = dataset.map(augment.tf_augment_one, num_parallel_calls=parallel_calls,
-                              deterministic=knobs.deterministic)
+        # Indexed within the epoch; the shuffle gives each position a different example every epoch.
+        dataset = dataset.enumerate().map(
+            lambda index, example: augment.tf_augment_one(index, example, seed),
+            num_parallel_calls=parallel_calls, deterministic=knobs.deterministic)
     dataset = dataset.batch(batch_size, drop_remainder=training and knobs.drop_remainder)
-    if training and knobs.augment == "batched":
-        dataset = dataset.map(augment.tf_augment_batch, num_parallel_calls=parallel_calls,
-                              deterministic=knobs.deterministic)
     if training:
         dataset = dataset.repeat()
+    if training and knobs.augment == "batched":
+        # Indexed batches: augmentation draws are stateless functions of (seed, batch index).
+        dataset = dataset.enumerate().map(
+            lambda index, batch: augment.tf_augment_batch(index, batch, seed),
+            num_parallel_calls=parallel_calls, deterministic=knobs.deterministic)
+    if training:
         if knobs.data_service:
             # Everything above runs on the service's workers; the trainer receives batches.
             dataset = dataset.apply(tf.data.experimental.service.distribute(

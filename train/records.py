@@ -3,7 +3,8 @@
 A record is a serialized `tf.train.Example` with `image` (encoded JPEG/PNG bytes) and
 `label` (int64), framed in TFRecord files: the layout tensorflow-datasets writes for an
 `Image` + `ClassLabel` dataset. The optimized pipeline parses it with tf.io inside
-tf.data; the naive pipeline reads the same files one record at a time in Python.
+tf.data; the naive pipeline reads the same files one record at a time in Python, checking
+the same CRCs TensorFlow checks, so neither silently trains on damaged bytes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,17 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
+import google_crc32c
+
 FEATURE_KEYS = ("image", "label")
+
+
+class CorruptRecord(ValueError):
+    """A record that cannot be read: names the shard, the record index and what is wrong."""
+
+    def __init__(self, path: str, index: int, kind: str, framing_lost: bool = False):
+        self.path, self.index, self.kind, self.framing_lost = path, index, kind, framing_lost
+        super().__init__(f"{path}: record {index}: {kind}")
 
 
 def feature_spec():
@@ -23,11 +34,18 @@ def feature_spec():
     }
 
 
-def iter_records(path: str) -> Iterator[bytes]:
-    """Yield the payload of each record of a TFRecord file, in pure Python.
+def _masked_crc(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
-    Each record is: uint64 length, uint32 CRC of the length, `length` bytes of data,
-    uint32 CRC of the data (all little-endian).
+
+def read_records(path: str) -> Iterator[tuple[int, bytes | CorruptRecord]]:
+    """(index, payload) for each record of a TFRecord file, or (index, CorruptRecord).
+
+    Each record is: uint64 length, uint32 masked CRC-32C of the length, the data, uint32
+    masked CRC-32C of the data (little-endian). A record whose data is damaged is reported
+    and reading goes on; where the framing itself is lost (a damaged length, a truncated
+    file) the problem is reported and reading stops.
     """
     with open(path, "rb") as handle:
         index = 0
@@ -36,19 +54,43 @@ def iter_records(path: str) -> Iterator[bytes]:
             if not header:
                 return
             if len(header) < 12:
-                raise ValueError(f"{path}: record {index} is truncated (incomplete length header)")
-            (length,) = struct.unpack("<Q", header[:8])
+                yield index, CorruptRecord(path, index, "truncated (incomplete length header)", framing_lost=True)
+                return
+            length, length_crc = struct.unpack("<QI", header)
+            if _masked_crc(header[:8]) != length_crc:
+                yield index, CorruptRecord(path, index, "corrupt length field; the rest of the shard is unreadable",
+                                           framing_lost=True)
+                return
             payload = handle.read(length)
             footer = handle.read(4)
             if len(payload) < length or len(footer) < 4:
-                raise ValueError(f"{path}: record {index} is truncated ({len(payload)} of {length} bytes)")
-            yield payload
+                yield index, CorruptRecord(path, index, f"truncated ({len(payload)} of {length} bytes)",
+                                           framing_lost=True)
+                return
+            if _masked_crc(payload) != struct.unpack("<I", footer)[0]:
+                yield index, CorruptRecord(path, index, "corrupt data (CRC mismatch)")
+            else:
+                yield index, payload
             index += 1
+
+
+def iter_records(path: str, skip_corrupt: bool = False) -> Iterator[bytes]:
+    """The payloads of a TFRecord file; a damaged record raises CorruptRecord unless skipped."""
+    for _, item in read_records(path):
+        if isinstance(item, CorruptRecord):
+            if skip_corrupt:
+                continue
+            raise item
+        yield item
 
 
 def parse_example(payload: bytes) -> tuple[bytes, int]:
     """(encoded image bytes, label) of one serialized tf.train.Example, without TensorFlow ops."""
+    from google.protobuf.message import DecodeError
     from tensorflow.core.example import example_pb2
 
-    features = example_pb2.Example.FromString(payload).features.feature
-    return features["image"].bytes_list.value[0], int(features["label"].int64_list.value[0])
+    try:
+        features = example_pb2.Example.FromString(payload).features.feature
+        return features["image"].bytes_list.value[0], int(features["label"].int64_list.value[0])
+    except (DecodeError, IndexError, KeyError) as error:
+        raise ValueError(f"not an image/label tf.train.Example ({type(error).__name__})") from None

@@ -18,9 +18,6 @@ from train import compare, datasets, devices, trials
 from train import config as config_lib
 from train.monitor import Sampler
 
-SWEEP_FILE = Path("runs/sweep-batch/sweep.json")
-
-
 def _is_oom(error: Exception) -> bool:
     import tensorflow as tf
 
@@ -147,11 +144,3 @@ def write_tensorboard(out: Path, points: list[dict]) -> None:
                 if point[key] is not None:
                     tf.summary.scalar(f"sweep/{key}", point[key], step=step)
     writer.close()
-
-
-def largest_batch_that_fit(path: Path = SWEEP_FILE) -> int | None:
-    """From the last sweep on this machine, or None when there is none."""
-    try:
-        return json.loads(path.read_text()).get("largest_batch_that_fit")
-    except (OSError, ValueError):
-        return None

@@ -1,0 +1,71 @@
+"""Guard rails: a loss that is no longer a number, and a batch that does not fit in memory."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import keras
+
+from train.errors import UserError
+
+
+class NanGuard(keras.callbacks.Callback):
+    """Stops training at the first step whose loss is NaN or infinite.
+
+    It sets `model.stop_training`, which the Checkpointer (after it in the callback list)
+    honours by saving nothing more, so the last checkpoint is the last good state.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.global_step = 0
+        self.tripped: dict | None = None
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._first_batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.global_step += batch - self._first_batch + 1
+        loss = (logs or {}).get("loss")
+        if loss is not None and self.tripped is None and not math.isfinite(float(loss)):
+            self.tripped = {"epoch": self._epoch, "global_step": self.global_step, "loss": float(loss)}
+            self.model.stop_training = True
+
+
+def nan_error(tripped: dict, last_checkpoint: str | None, learning_rate: float) -> UserError:
+    kept = (f"The last good checkpoint is kept at {last_checkpoint}." if last_checkpoint
+            else "No checkpoint was saved before it.")
+    return UserError(
+        f"The loss became {tripped['loss']} at step {tripped['global_step']} (epoch {tripped['epoch'] + 1}); "
+        f"training stopped there instead of going on with broken weights. {kept} Usual causes: a learning rate "
+        f"too high for this model (train.learning_rate is {learning_rate}; try a tenth of it), float16 overflow "
+        "(train.precision: float32 to check), or bad input values. Fix the cause and rerun with --fresh."
+    )
+
+
+SWEEP_FILE = Path("runs/sweep-batch/sweep.json")  # written by `make sweep-batch`
+
+
+def largest_batch_that_fit(path: Path | None = None) -> int | None:
+    """From the last batch-size sweep on this machine, or None when there is none."""
+    try:
+        return json.loads((path or SWEEP_FILE).read_text()).get("largest_batch_that_fit")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def oom_error(batch_size: int, device: str, largest_that_fit: int | None) -> UserError:
+    if largest_that_fit:
+        hint = (f"The last batch-size sweep on this machine fit up to {largest_that_fit} "
+                f"(runs/sweep-batch/sweep.json): rerun with --set pipeline.batch_size={largest_that_fit}.")
+    else:
+        hint = ("Run `make sweep-batch` to find the largest batch that fits, or halve it: "
+                f"--set pipeline.batch_size={max(1, batch_size // 2)}.")
+    return UserError(f"Out of memory at pipeline.batch_size={batch_size} on {device}. {hint} Mixed precision "
+                     "(train.precision: auto) also halves activation memory on GPUs.")
