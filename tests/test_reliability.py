@@ -265,3 +265,14 @@ def test_out_of_memory_suggests_the_largest_batch_that_fit(tiny_sets, tmp_path, 
 
 def test_tiny_data_constants_match_the_fixture():
     assert TINY_DATA["data.num_train"] == 128  # the step counts above assume 8 steps of 16 per epoch
+
+
+def test_a_damaged_shard_is_caught_before_the_previous_run_is_touched(tiny_data_dir, tmp_path):
+    copy, spec = copy_dataset(tiny_data_dir, tmp_path)
+    cfg = config.load(ROOT / "configs/optimized.yaml", data_sets(copy) + QUICK + [f"runs_dir={tmp_path / 'runs'}"])
+    fit.run(cfg, log=lambda message: None)
+    before = (cfg.run_dir / "summary.json").read_text()
+    damage(spec.val_files[0], "truncated")
+    with pytest.raises(UserError, match=r"record 5: truncated"):
+        fit.run(cfg, log=lambda message: None)
+    assert (cfg.run_dir / "summary.json").read_text() == before and (cfg.run_dir / "model.keras").exists()

@@ -31,6 +31,9 @@ class DataConfig:
     num_train: int = 10_000  # synthetic source only
     num_val: int = 2_000  # synthetic source only
     num_shards: int = 8  # TFRecord files per split
+    # Check every shard's framing, CRCs and record count before training (about 1 s per GB),
+    # so a damaged file stops the run before any work; switch off for very large datasets.
+    verify: bool = True
 
 
 @dataclass

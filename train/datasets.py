@@ -33,6 +33,7 @@ class DatasetSpec:
     class_names: tuple[str, ...]
     image_shape: tuple[int, int, int]
     encoding: str  # jpeg or png
+    shard_lengths: tuple[tuple[str, int], ...] = ()  # (file, number of records) from the dataset's metadata
 
     @property
     def num_classes(self) -> int:
@@ -174,4 +175,9 @@ def _read_spec(directory: Path) -> DatasetSpec:
         class_names=tuple(label.names),
         image_shape=tuple(image.shape),
         encoding=image.encoding_format or "jpeg",
+        shard_lengths=tuple(
+            (os.fspath(path), int(length))
+            for split in (train, val)
+            for path, length in zip(split.filepaths, split.shard_lengths)
+        ),
     )

@@ -159,6 +159,10 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
     choices = devices.resolve(cfg.train, found)
     cfg = resolved_config(cfg, choices)
     check_batch_size(cfg, spec)
+    if cfg.data.verify and not cfg.pipeline.skip_corrupt:
+        problems = integrity.verify(spec)
+        if problems:
+            raise _damaged(spec, problems, build_hint)
     run_dir, resume = _prepare_run_dir(cfg, fresh)
     header = "\n".join(
         [f"Resolved config of run '{cfg.name}' on {found.describe()}."]
@@ -322,8 +326,10 @@ def _write_scalar(logdir: Path, tag: str, value: float) -> None:
 def _data_error(error: Exception, spec: datasets.DatasetSpec, build_hint: str) -> Exception:
     """A clear error naming the damaged shard and record, when the data is what failed."""
     problems = [p for scan in integrity.scan_dataset(spec).values() for p in scan.problems]
-    if not problems:
-        return error
+    return _damaged(spec, problems, build_hint) if problems else error
+
+
+def _damaged(spec: datasets.DatasetSpec, problems: list, build_hint: str) -> UserError:
     return UserError(
         f"The dataset at {spec.root} is damaged: {integrity.describe(problems)}. Rebuild it (delete {spec.root} "
         f"and run {build_hint}), or set pipeline.skip_corrupt=true to train on the readable records (the count of "
