@@ -31,6 +31,7 @@ class DataConfig:
     num_train: int = 10_000  # synthetic source only
     num_val: int = 2_000  # synthetic source only
     num_shards: int = 8  # TFRecord files per split
+    val_fraction: float = 0.1  # imagefolder without train/ and val/ folders: share held out for validation
     # Check every shard's framing, CRCs and record count before training (about 1 s per GB),
     # so a damaged file stops the run before any work; switch off for very large datasets.
     verify: bool = True
@@ -211,6 +212,7 @@ def _check_ranges(cfg: Config, source: str) -> None:
     need(d.num_train >= 1, "data.num_train", d.num_train, ">= 1")
     need(d.num_val >= 1, "data.num_val", d.num_val, ">= 1")
     need(d.num_shards >= 1, "data.num_shards", d.num_shards, ">= 1")
+    need(0 < d.val_fraction < 1, "data.val_fraction", d.val_fraction, "between 0 and 1")
     if d.source == "synthetic":
         need(d.num_shards <= min(d.num_train, d.num_val), "data.num_shards", d.num_shards,
              f"at most the number of examples in the smallest split ({min(d.num_train, d.num_val)})")

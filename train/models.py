@@ -114,3 +114,42 @@ def resnet(input_shape, num_classes, width: int = 32, depth: int = 2, dropout: f
         x = layers.Dropout(dropout)(x)
     outputs = layers.Dense(num_classes, dtype="float32", name="logits")(x)
     return keras.Model(inputs, outputs, name=f"resnet_w{width}_d{depth}")
+
+
+def _application(name: str, constructor_name: str, minimum: int, input_shape, num_classes, weights, dropout,
+                 **kwargs):
+    """A Keras Applications backbone with a new classification head.
+
+    The backbones scale [0, 255] inputs themselves, so the uint8 batch is only cast.
+    `weights="imagenet"` downloads pretrained weights (needs the internet and 3 channels).
+    """
+    import keras
+    from keras import layers
+
+    height, width = input_shape[:2]
+    if height < minimum or width < minimum:
+        raise UserError(
+            f"model '{name}' needs images of at least {minimum}x{minimum}, and this dataset's are "
+            f"{height}x{width}. Set data.image_size to {minimum} or more (then build the data again)."
+        )
+    backbone = getattr(keras.applications, constructor_name)(
+        input_shape=tuple(input_shape), include_top=False, weights=weights, pooling="avg", **kwargs)
+    inputs = keras.Input(shape=input_shape, dtype="uint8", name="image")
+    x = layers.Rescaling(1.0)(inputs)  # a cast to the compute dtype, values stay 0..255
+    x = backbone(x)
+    if dropout:
+        x = layers.Dropout(dropout)(x)
+    outputs = layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, outputs, name=name)
+
+
+@register_model("mobilenet_v3_small")
+def mobilenet_v3_small(input_shape, num_classes, alpha: float = 1.0, dropout: float = 0.2, weights: str | None = None):
+    """MobileNetV3-Small from Keras Applications (images of 32x32 or more)."""
+    return _application("mobilenet_v3_small", "MobileNetV3Small", 32, input_shape, num_classes, weights, dropout, alpha=alpha)
+
+
+@register_model("efficientnet_b0")
+def efficientnet_b0(input_shape, num_classes, dropout: float = 0.2, weights: str | None = None):
+    """EfficientNet-B0 from Keras Applications (images of 32x32 or more)."""
+    return _application("efficientnet_b0", "EfficientNetB0", 32, input_shape, num_classes, weights, dropout)

@@ -1,0 +1,153 @@
+"""Playing the forker: your own image folder, a TFDS dataset by name, your own model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import ROOT, run_cli
+from train import config, convert, datasets, fit, models
+from train.errors import UserError
+
+QUICK = ["train.epochs=2", "pipeline.batch_size=8", "pipeline.shuffle_buffer=64", "profile.enabled=false",
+         "monitor.interval_s=0.05", "model.name=tiny", "model.width=4"]
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+
+
+def make_image_folder(root: Path, per_class: int = 16) -> Path:
+    """Photos-like files of mixed sizes and formats, the class given by the dominant colour."""
+    rng = np.random.default_rng(0)
+    for name, colour in COLOURS.items():
+        (root / name).mkdir(parents=True)
+        for index in range(per_class):
+            height, width = int(rng.integers(40, 90)), int(rng.integers(40, 90))
+            pixels = np.clip(np.array(colour) + rng.normal(0, 25, (height, width, 3)), 0, 255).astype(np.uint8)
+            suffix = ".png" if index % 3 == 0 else ".jpg"
+            Image.fromarray(pixels).save(root / name / f"{name}_{index}{suffix}")
+    (root / "red" / "broken.jpg").write_bytes(b"not an image at all")
+    return root
+
+
+def source_sets(tmp_path: Path, source: str, size: int = 32) -> list[str]:
+    return [f"data.source={source}", f"data.data_dir={tmp_path / 'built'}", f"data.image_size={size}",
+            "data.num_shards=2", f"runs_dir={tmp_path / 'runs'}"]
+
+
+def test_an_image_folder_becomes_shards_and_trains_with_the_optimized_preset(tmp_path):
+    folder = make_image_folder(tmp_path / "my_images")
+    sets = source_sets(tmp_path, f"imagefolder:{folder}")
+    result = run_cli("data", "--config", "configs/optimized.yaml", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Built: imagefolder_my_images" in result.stdout and "3 classes" in result.stdout
+    assert "Skipped 1 unreadable image(s)" in result.stdout
+    cfg = config.load(ROOT / "configs/optimized.yaml", sets + QUICK)
+    spec = datasets.locate(cfg.data)
+    assert spec.class_names == ("blue", "green", "red") and spec.image_shape == (32, 32, 3)
+    assert spec.num_train + spec.num_val == 48 and spec.num_val > 0
+    summary = fit.run(cfg, log=lambda message: None)
+    assert summary["dataset"]["num_classes"] == 3 and summary["examples_per_sec"] > 0
+    again = run_cli("data", "--config", "configs/optimized.yaml", *[a for s in sets for a in ("--set", s)])
+    assert "Already built" in again.stdout
+
+
+def test_both_presets_read_a_converted_folder_identically(tmp_path):
+    folder = make_image_folder(tmp_path / "imgs", per_class=8)
+    cfg = config.load(ROOT / "configs/optimized.yaml", source_sets(tmp_path, f"imagefolder:{folder}"))
+    spec, built = datasets.prepare(cfg.data)
+    assert built
+    from train import pipeline
+
+    def examples(preset):
+        knobs = config.load(ROOT / f"configs/{preset}.yaml", source_sets(tmp_path, f"imagefolder:{folder}")).pipeline
+        dataset = pipeline.build(spec.val_files, spec, knobs, training=False, num_examples=spec.num_val)
+        return sorted((int(l), i.tobytes()) for images, labels in dataset for i, l in zip(images.numpy(),
+                                                                                       labels.numpy()))
+
+    assert examples("naive") == examples("optimized")
+
+
+def test_folder_conversion_resumes_with_the_finished_shards(tmp_path):
+    folder = make_image_folder(tmp_path / "imgs", per_class=8)
+    data = config.load(ROOT / "configs/base.yaml", source_sets(tmp_path, f"imagefolder:{folder}")).data
+    target = datasets.SOURCES["imagefolder"].dataset_dir(data, str(folder))
+    listing = datasets.imagefolder_listing(str(folder), data.val_fraction)
+    writer = convert.DatasetWriter(target, "imagefolder_imgs")
+    convert.convert_files(writer, "train", listing["splits"]["train"], 32, 2)  # ... and then the power went out
+    finished = {p: p.stat().st_mtime_ns for p in writer.staging.glob("*train*")}
+    assert len(finished) == 2 and not target.exists()
+    spec, built = datasets.prepare(data)
+    assert built and spec.num_train == sum(1 for _ in listing["splits"]["train"]) - 1  # minus broken.jpg or not
+    assert not writer.staging.exists()
+    assert all((target / p.name).stat().st_mtime_ns == mtime for p, mtime in finished.items())
+
+
+def test_a_tfds_dataset_by_name_works_offline(tmp_path):
+    import tensorflow_datasets as tfds
+
+    cfg = config.load(ROOT / "configs/optimized.yaml", source_sets(tmp_path, "tfds:cifar10") + QUICK)
+    source = datasets.SOURCES["tfds"]
+    with tfds.testing.mock_data(num_examples=48):  # random examples instead of the download
+        source.prepare(cfg.data, "cifar10", source.dataset_dir(cfg.data, "cifar10"))
+    spec = datasets.locate(cfg.data)
+    assert spec.num_train == 48 and spec.num_val == 48 and spec.num_classes == 10
+    assert spec.image_shape == (32, 32, 3)
+    summary = fit.run(cfg, log=lambda message: None)
+    assert summary["dataset"]["num_classes"] == 10
+
+
+def test_a_model_registered_by_the_forker_trains_by_name(tiny_sets):
+    @models.register_model("forker_mlp")
+    def forker_mlp(input_shape, num_classes, hidden: int = 32):
+        import keras
+
+        inputs = keras.Input(shape=input_shape, dtype="uint8")
+        x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
+        x = keras.layers.Dense(hidden, activation="relu")(x)
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK[:5] + ["model.name=forker_mlp",
+                                                                                 "model.hidden=16"])
+    assert cfg.model.params == {"hidden": 16}
+    summary = fit.run(cfg, log=lambda message: None)
+    assert summary["model"] == "forker_mlp" and summary["val_accuracy"] is not None
+
+
+def test_a_keras_applications_model_trains_on_the_tiny_dataset(tiny_sets):
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK[:5] + ["train.epochs=1",
+                                                                                 "model.name=mobilenet_v3_small"])
+    summary = fit.run(cfg, log=lambda message: None)
+    assert summary["parameters"] > 100_000
+
+
+@pytest.mark.parametrize("layout, pattern", [
+    ("missing", r"does not exist"),
+    ("empty", r"holds no images"),
+    ("loose", r"no class sub-folders. Put each class in its own folder"),
+    ("one_class", r"only one class"),
+])
+def test_bad_image_folders_fail_before_any_work(tmp_path, layout, pattern):
+    root = tmp_path / "imgs"
+    if layout != "missing":
+        root.mkdir()
+    if layout == "loose":
+        Image.new("RGB", (8, 8)).save(root / "a.jpg")
+    if layout == "one_class":
+        (root / "cats").mkdir()
+        Image.new("RGB", (8, 8)).save(root / "cats" / "a.jpg")
+    result = run_cli("data", "--set", f"data.source=imagefolder:{root}", "--set", f"data.data_dir={tmp_path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert __import__("re").search(pattern, result.stderr), result.stderr
+    assert not list(tmp_path.glob("imagefolder"))
+
+
+def test_unknown_tfds_name_and_scheme_fail_before_any_work(tmp_path):
+    result = run_cli("data", "--set", "data.source=tfds:cifar1O", "--set", f"data.data_dir={tmp_path}")
+    assert result.returncode == 2 and "has no dataset 'cifar1O'" in result.stderr and "cifar10" in result.stderr
+    result = run_cli("data", "--set", "data.source=s3://bucket/x", "--set", f"data.data_dir={tmp_path}")
+    assert result.returncode == 2 and "scheme 's3' is not registered" in result.stderr
+    assert list(tmp_path.iterdir()) == []
