@@ -8,6 +8,7 @@ SHELL := /bin/bash
 ARGS ?=
 PORT ?= 6006
 LOGDIR ?= runs/compare
+WORKERS ?= 2
 
 ifdef TEMPLATE_IN_CONTAINER
 # Inside the Docker image (see Dockerfile) the project is installed into the system Python.
@@ -22,7 +23,7 @@ TF_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
 endif
 
-.PHONY: help setup data train-naive train-optimized compare bench ladder sweep-batch diagnose tensorboard test lint clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker compare bench ladder sweep-batch diagnose tensorboard test lint clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -47,6 +48,9 @@ train-naive: data ## Train the naive baseline (Python generator, serial, no pref
 
 train-optimized: data ## Train the optimized pipeline into runs/optimized
 	$(PY) -m train fit --config configs/optimized.yaml $(ARGS)
+
+train-multiworker: data ## Train the optimized preset with WORKERS local processes (MultiWorkerMirroredStrategy)
+	$(PY) -m train launch --workers $(WORKERS) -- fit --config configs/optimized.yaml --set train.strategy=multi_worker $(ARGS)
 
 compare: data ## Naive vs optimized on the same data and model: table + runs/compare/report.{md,png,json}
 	$(PY) -m train compare $(ARGS)

@@ -108,6 +108,13 @@ def cmd_data_service(args) -> int:
     return data_service.main(args)
 
 
+def cmd_launch(args) -> int:
+    from train import distributed
+
+    command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
+    return distributed.launch(args.workers, command)
+
+
 def cmd_lint(args) -> int:
     from train import lint
 
@@ -137,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     _scenario_args(bench, out="runs/bench")
     bench.add_argument("--trials", type=int, default=9, help="trials per variant (default: %(default)s)")
     bench.add_argument("--seconds", type=float, default=3.0, help="minimum seconds per trial (default: %(default)s)")
+    bench.add_argument("--data-service-workers", type=int, nargs="*", default=[1, 2], metavar="N",
+                       help="also run the optimized pipeline on a local tf.data service with N workers "
+                            "(default: 1 2; none to skip)")
     bench.set_defaults(func=cmd_bench)
 
     ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
@@ -175,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
                          help="worker: the host name the trainer uses to reach this worker (default: %(default)s)")
     service.add_argument("--work-dir", help="dispatcher: folder for its journal, so it survives restarts")
     service.set_defaults(func=cmd_data_service)
+
+    launch = commands.add_parser("launch", help="run a command as N local multi-worker processes (TF_CONFIG set)")
+    launch.add_argument("--workers", type=int, default=2, help="number of worker processes (default: %(default)s)")
+    launch.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                        help="what each worker runs, e.g. -- fit --config configs/optimized.yaml")
+    launch.set_defaults(func=cmd_launch)
 
     lint = commands.add_parser("lint", help="check Dockerfile (hadolint) and docker-compose.yml (Compose v2) offline")
     lint.add_argument("--dockerfile", default="Dockerfile")

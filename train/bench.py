@@ -1,7 +1,8 @@
 """`make bench`: naive vs optimized vs the compute ceiling, in repeated interleaved trials.
 
 The ceiling is the same model fed one batch of real examples repeated from memory: what
-the model does with zero input cost. `speedup` = optimized / naive and `efficiency` =
+the model does with zero input cost. The data-service variants run the optimized pipeline
+on 1 and 2 local tf.data service workers and ship the batches to the trainer over gRPC. `speedup` = optimized / naive and `efficiency` =
 optimized / ceiling, both from medians of the same run; min-max spreads are reported so a
 reader can judge the noise of a shared machine.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train import compare, datasets, devices, trials
+from train import compare, data_service, datasets, devices, trials
 from train import config as config_lib
 
 
@@ -42,6 +43,8 @@ def table(result: dict) -> str:
                  f"(per-trial ratios {result['speedup_range'][0]:.2f}-{result['speedup_range'][1]:.2f})")
     lines.append(f"efficiency (optimized / ceiling, medians): {result['efficiency']:.2f} "
                  f"(per-trial {result['efficiency_range'][0]:.2f}-{result['efficiency_range'][1]:.2f})")
+    for name, value in result.get("data_service", {}).items():
+        lines.append(f"{name} / optimized (medians): {value:.2f}")
     return "\n".join(lines)
 
 
@@ -61,7 +64,20 @@ def main(args) -> int:
         trials.prepare("optimized", configs["optimized"], spec, found),
         trials.prepare("ceiling", configs["optimized"], spec, found, ceiling=True),
     ]
-    trials.interleaved(variants, args.trials, args.seconds)
+    clusters = []
+    for workers in args.data_service_workers:
+        # The optimized pipeline on tf.data service workers (in this process, on this machine):
+        # what the service costs (gRPC hand-off of every batch) and buys (more preprocessing cores).
+        cluster = data_service.LocalCluster(workers)
+        clusters.append(cluster)
+        served = config_lib.load(args.optimized, list(args.overrides) + [f"pipeline.data_service={cluster.target}"],
+                                 layers=overlays, name=f"service_{workers}w")
+        variants.append(trials.prepare(f"service_{workers}w", served, spec, found))
+    try:
+        trials.interleaved(variants, args.trials, args.seconds)
+    finally:
+        for cluster in clusters:
+            cluster.stop()
     by_name = {v.name: v for v in variants}
     stats = {v.name: {**v.stats(), "batch_size": v.batch_size, "pipeline": v.description,
                       "precision": v.choices.precision, "jit_compile": v.choices.jit_compile,
@@ -80,6 +96,7 @@ def main(args) -> int:
         "speedup_range": [min(speedups), max(speedups)],
         "efficiency": ratio(stats["optimized"], stats["ceiling"]),
         "efficiency_range": [min(efficiencies), max(efficiencies)],
+        "data_service": {name: ratio(stats[name], stats["optimized"]) for name in stats if name.startswith("service_")},
     }
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "bench.json.tmp"

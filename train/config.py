@@ -82,6 +82,15 @@ class TrainConfig:
     jit_compile: Union[bool, Auto] = "auto"  # XLA
     steps_per_execution: Union[int, Auto] = "auto"
     strategy: Literal["auto", "default", "mirrored", "multi_worker"] = "auto"
+    # With several replicas, pipeline.batch_size is per replica: the global batch is
+    # batch_size x replicas, and the learning rate is multiplied by the replica count
+    # (the linear scaling rule) unless scale_learning_rate is false.
+    scale_learning_rate: bool = True
+    cpu_replicas: int = 1  # no GPU: split the CPU into N logical devices and mirror over them (to try it)
+    collective_timeout_s: float = 120.0  # multi_worker: a collective that waits longer fails instead of hanging
+    # Stop with a clear error when no batch arrives for this long (a lost tf.data service worker,
+    # a dead reader); auto: 300 s with pipeline.data_service, off otherwise; 0: off.
+    stall_timeout_s: Union[float, Auto] = "auto"
     seed: int = 0
     # Reproducible runs: TensorFlow op determinism and an ordered pipeline (pipeline.deterministic
     # is forced on); a resumed run then ends with exactly the weights of an uninterrupted one.
@@ -237,6 +246,10 @@ def _check_ranges(cfg: Config, source: str) -> None:
     need(t.warmup_steps == "auto" or t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "'auto' or >= 0")
     need(t.steps_per_execution == "auto" or t.steps_per_execution >= 1, "train.steps_per_execution",
          t.steps_per_execution, "'auto' or >= 1")
+    need(t.cpu_replicas >= 1, "train.cpu_replicas", t.cpu_replicas, ">= 1")
+    need(t.collective_timeout_s > 0, "train.collective_timeout_s", t.collective_timeout_s, "> 0")
+    need(t.stall_timeout_s == "auto" or t.stall_timeout_s >= 0, "train.stall_timeout_s", t.stall_timeout_s,
+         "'auto' or >= 0")
     need(cfg.checkpoint.every_epochs >= 1, "checkpoint.every_epochs", cfg.checkpoint.every_epochs, ">= 1")
     need(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", cfg.checkpoint.every_steps, ">= 0")
     need(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, ">= 1")

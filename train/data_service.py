@@ -47,6 +47,34 @@ def worker(port: int, dispatcher_address: str, advertised_host: str = "localhost
     server.join()
 
 
+class LocalCluster:
+    """A dispatcher and `workers` workers in this process: for tests and `make bench`."""
+
+    def __init__(self, workers: int):
+        import tensorflow as tf
+
+        service = tf.data.experimental.service
+        self.dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+        address = self.dispatcher.target.split("://", 1)[1]
+        self.workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
+                        for _ in range(workers)]
+
+    @property
+    def target(self) -> str:
+        return self.dispatcher.target
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker._stop()
+        self.dispatcher._stop()
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 def main(args) -> int:
     if args.role == "dispatcher":
         dispatcher(args.port, args.work_dir)

@@ -55,39 +55,60 @@ def resolved_config(cfg: Config, choices: devices.Choices) -> Config:
     return dataclasses.replace(cfg, train=train)
 
 
-def _strategy(name: str) -> tf.distribute.Strategy:
+def make_strategy(name: str, cpu_replicas: int = 1) -> tf.distribute.Strategy:
+    """The tf.distribute strategy for `train.strategy` (multi_worker runs in train/distributed.py)."""
     if name == "mirrored":
+        if not tf.config.list_physical_devices("GPU") and cpu_replicas > 1:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            try:
+                tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * cpu_replicas)
+            except RuntimeError:
+                pass  # already configured in this process (the first run set it)
+            return tf.distribute.MirroredStrategy([f"/cpu:{index}" for index in range(cpu_replicas)])
         return tf.distribute.MirroredStrategy()
-    if name == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
     return tf.distribute.get_strategy()
 
 
-def check_batch_size(cfg: Config, spec: datasets.DatasetSpec) -> None:
+def global_batch_size(cfg: Config, strategy: tf.distribute.Strategy) -> int:
+    return cfg.pipeline.batch_size * strategy.num_replicas_in_sync
+
+
+def check_batch_size(cfg: Config, spec: datasets.DatasetSpec, replicas: int = 1) -> None:
     knobs = cfg.pipeline
-    if knobs.drop_remainder and knobs.batch_size > spec.num_train:
+    if knobs.drop_remainder and knobs.batch_size * replicas > spec.num_train:
         raise UserError(
-            f"pipeline.batch_size ({knobs.batch_size}) is larger than the training split of {spec.root} "
-            f"({spec.num_train} examples), so drop_remainder would leave no batch at all. Lower "
-            f"pipeline.batch_size or set pipeline.drop_remainder=false."
+            f"pipeline.batch_size ({knobs.batch_size}"
+            + (f" per replica, {knobs.batch_size * replicas} over {replicas} replicas" if replicas > 1 else "")
+            + f") is larger than the training split of {spec.root} ({spec.num_train} examples), so drop_remainder "
+            "would leave no batch at all. Lower pipeline.batch_size or set pipeline.drop_remainder=false."
         )
 
 
-def build_model(cfg: Config, spec: datasets.DatasetSpec, choices: devices.Choices,
-                total_steps: int | None = None) -> keras.Model:
-    """The compiled model of `cfg`, under its precision policy and distribution strategy.
-
-    With `total_steps` the learning rate follows a cosine decay to 1 % over the run, so the
-    last epochs settle instead of jumping around the minimum.
-    """
-    keras.mixed_precision.set_global_policy(choices.precision)
-    learning_rate = cfg.train.learning_rate
+def learning_rate(cfg: Config, replicas: int, total_steps: int | None = None):
+    """The peak rate (times the replicas under the linear scaling rule), decaying along a cosine to 1 %
+    over `total_steps`, so the last epochs settle instead of jumping around the minimum."""
+    peak = cfg.train.learning_rate * (replicas if cfg.train.scale_learning_rate else 1)
     if total_steps:
-        learning_rate = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=total_steps, alpha=0.01)
-    with _strategy(choices.strategy).scope():
+        return keras.optimizers.schedules.CosineDecay(peak, decay_steps=total_steps, alpha=0.01)
+    return peak
+
+
+def build_model(cfg: Config, spec: datasets.DatasetSpec, choices: devices.Choices,
+                total_steps: int | None = None, strategy: tf.distribute.Strategy | None = None) -> keras.Model:
+    """The compiled model of `cfg`, under its precision policy and distribution strategy."""
+    keras.mixed_precision.set_global_policy(choices.precision)
+    strategy = strategy or tf.distribute.get_strategy()
+    initial = None
+    if strategy.num_replicas_in_sync > 1:
+        # Initialized outside the strategy, so that the same seed gives the same starting
+        # weights with or without distribution (strategies draw initial values differently).
+        initial = models.build_model(cfg.model.name, spec.image_shape, spec.num_classes, cfg.model.params)
+    with strategy.scope():
         model = models.build_model(cfg.model.name, spec.image_shape, spec.num_classes, cfg.model.params)
+        if initial is not None:
+            model.set_weights(initial.get_weights())
         model.compile(
-            optimizer=keras.optimizers.Adam(learning_rate),
+            optimizer=keras.optimizers.Adam(learning_rate(cfg, strategy.num_replicas_in_sync, total_steps)),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
             jit_compile=choices.jit_compile,
@@ -158,7 +179,15 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
     found = devices.detect()
     choices = devices.resolve(cfg.train, found)
     cfg = resolved_config(cfg, choices)
-    check_batch_size(cfg, spec)
+    if choices.strategy == "multi_worker":
+        from train import distributed
+
+        return distributed.run(cfg, spec, found, choices, config_path=config_path, build_hint=build_hint, log=log,
+                               fresh=fresh)
+    strategy = make_strategy(choices.strategy, cfg.train.cpu_replicas)  # before any other TensorFlow op
+    replicas = strategy.num_replicas_in_sync
+    batch = global_batch_size(cfg, strategy)
+    check_batch_size(cfg, spec, replicas)
     if cfg.data.verify and not cfg.pipeline.skip_corrupt:
         problems = integrity.verify(spec)
         if problems:
@@ -175,6 +204,7 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
     log(f"[{cfg.name}] pipeline: {pipeline.describe(knobs, spec, spec.num_train)}")
     log(f"[{cfg.name}] precision={choices.precision} jit_compile={choices.jit_compile} "
         f"steps_per_execution={choices.steps_per_execution} strategy={choices.strategy}"
+        + (f" replicas={replicas} global_batch={batch}" if replicas > 1 else "")
         + (" deterministic" if cfg.train.deterministic else ""))
 
     damaged, skipped = {}, []
@@ -188,23 +218,23 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
     keras.utils.set_random_seed(cfg.train.seed)
     if cfg.train.deterministic:
         tf.config.experimental.enable_op_determinism()
-    steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(spec.num_train, knobs.batch_size,
-                                                                   knobs.drop_remainder)
-    model = build_model(cfg, spec, choices, total_steps=steps * cfg.train.epochs)
+    steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(spec.num_train, batch, knobs.drop_remainder)
+    model = build_model(cfg, spec, choices, total_steps=steps * cfg.train.epochs, strategy=strategy)
     if cfg.profile.enabled and choices.steps_per_execution > 1:
         log(f"[{cfg.name}] note: with steps_per_execution={choices.steps_per_execution} xprof finds no step "
             "markers inside multi-step executions: the trace viewer works, the step-time analysis will be n/a.")
 
     start_epoch, start_step, history = 0, 0, {}
     if resume:
-        checkpoint.restore(model, Path(resume["folder"]))
+        with strategy.scope():
+            checkpoint.restore(model, Path(resume["folder"]))
         start_epoch, start_step, history = resume["epoch"], resume["step_in_epoch"], resume["history"]
         log(f"[{cfg.name}] resuming from {resume['folder']} (epoch {start_epoch + 1}, step {start_step}); "
             "--fresh starts over")
     done_steps = start_epoch * steps + start_step
 
     warmup = warmup_steps(cfg.train.warmup_steps, steps, cfg.train.epochs - start_epoch)
-    timer = StepTimer(knobs.batch_size, warmup, run_dir / "train")
+    timer = StepTimer(batch, warmup, run_dir / "train")
     guard = NanGuard()
     callbacks = [guard]
     profiler = None
@@ -222,9 +252,18 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
     if sampler is not None:
         callbacks.append(MonitorCallback(sampler, run_dir / "system", log=lambda m: log(f"[{cfg.name}] {m}")))
     callbacks.append(keras.callbacks.TensorBoard(log_dir=str(run_dir), write_graph=False, profile_batch=0))
+    watchdog = None
+    timeout = guards.stall_timeout(cfg.train.stall_timeout_s, knobs.data_service)
+    if timeout:
+        watchdog = guards.StallWatchdog(timeout, (
+            f"The tf.data service at {knobs.data_service} may have lost its workers (check that they run)."
+            if knobs.data_service else "The input pipeline stopped delivering batches."))
+        callbacks.append(watchdog)
 
+    # Repeated, and read validation_steps batches at a time: exactly one pass per evaluation, also
+    # where a distributed dataset hides its length from Keras (which then never restarts it).
     val_ds = pipeline.build(spec.val_files, spec, knobs, training=False, num_examples=spec.num_val,
-                            seed=cfg.train.seed, damaged=damaged)
+                            seed=cfg.train.seed, damaged=damaged, batch_size=batch).repeat()
     started = time.perf_counter()
     try:
         if sampler is not None:
@@ -232,7 +271,7 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
         for initial_epoch, epochs, segment_steps in checkpoint.plan_segments(cfg.train.epochs, steps, start_epoch,
                                                                              start_step):
             train_ds = pipeline.build(spec.train_files, spec, knobs, training=True, num_examples=spec.num_train,
-                                      seed=cfg.train.seed, damaged=damaged)
+                                      seed=cfg.train.seed, damaged=damaged, batch_size=batch)
             if done_steps:
                 train_ds = train_ds.skip(done_steps)  # the batches already trained on, in the same order
             segment = model.fit(
@@ -242,7 +281,7 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
                 steps_per_epoch=segment_steps,
                 shuffle=False,  # the dataset shuffles itself
                 validation_data=val_ds,
-                validation_steps=pipeline.steps_per_epoch(spec.num_val, knobs.batch_size, drop_remainder=False),
+                validation_steps=pipeline.steps_per_epoch(spec.num_val, batch, drop_remainder=False),
                 callbacks=callbacks,
                 verbose=1 if sys.stdout.isatty() else 2,
             )
@@ -258,6 +297,8 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
     finally:
         if sampler is not None:
             sampler.stop()
+        if watchdog is not None:
+            watchdog.stop()
     if guard.tripped:
         last = checkpoint.latest(run_dir)
         raise guards.nan_error(guard.tripped, str(last[0]) if last else None, cfg.train.learning_rate)
@@ -278,6 +319,8 @@ def run(cfg: Config, config_path: str | None = None, build_hint: str = "make dat
                     "num_classes": spec.num_classes},
         "pipeline": pipeline.describe(knobs, spec, spec.num_train),
         "batch_size": knobs.batch_size,
+        "replicas": replicas,
+        "global_batch_size": batch,
         "epochs": cfg.train.epochs,
         "steps_per_epoch": steps,
         "warmup_steps": warmup,

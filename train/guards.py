@@ -69,3 +69,65 @@ def oom_error(batch_size: int, device: str, largest_that_fit: int | None) -> Use
                 f"--set pipeline.batch_size={max(1, batch_size // 2)}.")
     return UserError(f"Out of memory at pipeline.batch_size={batch_size} on {device}. {hint} Mixed precision "
                      "(train.precision: auto) also halves activation memory on GPUs.")
+
+
+class StallWatchdog(keras.callbacks.Callback):
+    """Ends the process with a clear message when no training step finishes for `timeout_s`.
+
+    A trainer blocked inside TensorFlow waiting for input (every tf.data service worker
+    gone, a reader stuck on a dead network file system) cannot be interrupted from Python,
+    so a watchdog thread reports and exits instead of letting it hang forever. Checkpoints
+    already written stay, so rerunning resumes.
+    """
+
+    def __init__(self, timeout_s: float, hint: str):
+        super().__init__()
+        self.timeout_s = timeout_s
+        self.hint = hint
+        self._last = None
+        self._stop = None
+
+    def _watch(self):
+        import os
+        import sys
+        import time
+
+        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            if self._last is not None and time.monotonic() - self._last > self.timeout_s:
+                print(f"error: no training step finished for {self.timeout_s:g} s. {self.hint} Checkpoints already "
+                      "written are kept: rerun the same command to resume.", file=sys.stderr, flush=True)
+                os._exit(3)
+
+    def on_train_begin(self, logs=None):
+        import threading
+        import time
+
+        self._last = time.monotonic()
+        if self._stop is None:
+            self._stop = threading.Event()
+            threading.Thread(target=self._watch, name="stall-watchdog", daemon=True).start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        import time
+
+        self._last = time.monotonic()
+
+    def on_test_batch_end(self, batch, logs=None):
+        import time
+
+        self._last = time.monotonic()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        import time
+
+        self._last = time.monotonic()
+
+    def stop(self):
+        if self._stop is not None:
+            self._stop.set()
+
+
+def stall_timeout(setting, data_service: str | None) -> float:
+    if setting == "auto":
+        return 300.0 if data_service else 0.0
+    return float(setting)

@@ -190,13 +190,22 @@ def build(
             num_parallel_calls=parallel_calls, deterministic=knobs.deterministic)
     if training:
         if knobs.data_service:
-            # Everything above runs on the service's workers; the trainer receives batches.
-            dataset = dataset.apply(tf.data.experimental.service.distribute(
-                processing_mode=knobs.data_service_mode, service=knobs.data_service,
-                job_name=f"train-{seed}" if knobs.data_service_mode == "distributed_epoch" else None))
+            dataset = to_service(dataset, knobs, job_name=f"train-{seed}")
     if knobs.prefetch:
         dataset = dataset.prefetch(_auto(knobs.prefetch))
     return dataset.with_options(options(knobs))
+
+
+def to_service(dataset: tf.data.Dataset, knobs: PipelineConfig, job_name: str | None = None) -> tf.data.Dataset:
+    """Run everything above on the tf.data service's workers; the trainer receives the elements.
+
+    parallel_epochs: every worker produces the whole dataset (each example once per worker).
+    distributed_epoch: the dispatcher splits the shards between the workers (each example
+    once in all); consumers of the same job share one stream.
+    """
+    return dataset.apply(tf.data.experimental.service.distribute(
+        processing_mode=knobs.data_service_mode, service=knobs.data_service,
+        job_name=job_name if knobs.data_service_mode == "distributed_epoch" else None))
 
 
 def steps_per_epoch(num_examples: int, batch_size: int, drop_remainder: bool) -> int:

@@ -1,0 +1,161 @@
+"""Scaling out on one CPU machine: two logical CPUs, two local worker processes, a local tf.data service.
+
+Every test that starts processes bounds them with timeouts and kills what is left, even
+when a worker dies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, data_sets, run_cli
+from train import config, data_service, datasets, fit, pipeline
+
+QUICK = ["train.epochs=2", "profile.enabled=false", "monitor.enabled=false", "model.name=tiny", "model.width=4",
+         "train.precision=float32",
+         "train.deterministic=true", "pipeline.shuffle_buffer=16"]
+
+
+def sets_args(items: list[str]) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def test_mirrored_over_two_logical_cpus_matches_one_device(tiny_data_dir, tmp_path):
+    # Without augmentation: distributing a dataset rebatches it, so batch-indexed augmentation draws
+    # differ between the runs; what is compared here is the strategy's arithmetic.
+    base = data_sets(tiny_data_dir) + QUICK + [f"runs_dir={tmp_path}", "train.scale_learning_rate=false",
+                                               "pipeline.augment=none"]
+    single = run_cli("fit", "--config", "configs/optimized.yaml", "--name", "single",
+                     *sets_args(base + ["pipeline.batch_size=32", "train.strategy=default"]), timeout=300)
+    mirrored = run_cli("fit", "--config", "configs/optimized.yaml", "--name", "mirrored",
+                       *sets_args(base + ["pipeline.batch_size=16", "train.strategy=mirrored",
+                                          "train.cpu_replicas=2"]), timeout=300)
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert mirrored.returncode == 0, mirrored.stderr[-2000:]
+    one = json.loads((tmp_path / "single" / "summary.json").read_text())
+    two = json.loads((tmp_path / "mirrored" / "summary.json").read_text())
+    assert two["replicas"] == 2 and two["global_batch_size"] == 32 == one["global_batch_size"]
+    for key in ("loss", "val_loss"):
+        for a, b in zip(one["history"][key], two["history"][key]):
+            assert abs(a - b) <= 0.01 * abs(a), (key, one["history"][key], two["history"][key])
+
+
+def launch_command(tiny_data_dir: Path, runs: Path, epochs: int = 2) -> list[str]:
+    items = data_sets(tiny_data_dir) + QUICK + [f"runs_dir={runs}", "pipeline.batch_size=8",
+                                                 f"train.epochs={epochs}", "train.strategy=multi_worker",
+                                                 "train.collective_timeout_s=30"]
+    return [sys.executable, "-m", "train", "launch", "--workers", "2", "--", "fit", "--config",
+            "configs/optimized.yaml", "--name", "mw", *sets_args(items)]
+
+
+def test_two_local_workers_train_and_end_with_identical_weights(tiny_data_dir, tmp_path):
+    result = subprocess.run(launch_command(tiny_data_dir, tmp_path), cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "all 2 workers finished" in result.stdout
+    workers = [json.loads(p.read_text()) for p in sorted((tmp_path / "mw" / "workers").glob("*.json"))]
+    assert [w["task"] for w in workers] == ["worker:0", "worker:1"]
+    assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]
+    summary = json.loads((tmp_path / "mw" / "summary.json").read_text())  # written by the chief alone
+    assert summary["replicas"] == 2 and summary["global_batch_size"] == 16 and summary["workers"] == 2
+    assert summary["weights_sha256"] == workers[0]["weights_sha256"] and len(summary["history"]["val_loss"]) == 2
+    assert (tmp_path / "mw" / "checkpoints").is_dir() and (tmp_path / "mw" / "model.keras").exists()
+    assert "[worker 1]" in result.stdout and result.stdout.count("done:") == 1
+
+
+def test_a_dying_worker_stops_the_run_with_a_clear_error_in_bounded_time(tiny_data_dir, tmp_path):
+    launcher = subprocess.Popen(launch_command(tiny_data_dir, tmp_path, epochs=400), cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 180
+        for line in launcher.stdout:
+            if "epoch 1/" in line or time.monotonic() > deadline:
+                break
+        victims = [child for child in psutil.Process(launcher.pid).children()
+                   if "index\": 1" in child.environ().get("TF_CONFIG", "")]
+        assert victims, "worker 1 was not found"
+        killed_at = time.monotonic()
+        victims[0].send_signal(signal.SIGKILL)
+        _, stderr = launcher.communicate(timeout=120)
+        assert time.monotonic() - killed_at < 60
+        assert launcher.returncode == 3
+        assert "worker 1 exited with status -9" in stderr and "the other workers were stopped" in stderr
+    finally:
+        for child in psutil.Process(os.getpid()).children(recursive=True):
+            if child.pid != os.getpid():
+                child.kill()
+        launcher.wait(timeout=30)
+
+
+def examples(dataset) -> Counter:
+    return Counter(hashlib.sha1(image.tobytes()).hexdigest() for images, _ in dataset for image in images.numpy())
+
+
+@pytest.mark.parametrize("mode, times", [("parallel_epochs", 2), ("distributed_epoch", 1)])
+def test_data_service_with_two_workers_serves_each_example_the_expected_number_of_times(tiny_spec, mode, times):
+    knobs = config.load(ROOT / "configs/optimized.yaml", ["pipeline.augment=none"]).pipeline
+    local = examples(pipeline.build(tiny_spec.train_files, tiny_spec, knobs, training=False,
+                                    num_examples=tiny_spec.num_train, batch_size=16))
+    with data_service.LocalCluster(workers=2) as cluster:
+        served_knobs = config.load(ROOT / "configs/optimized.yaml", [
+            "pipeline.augment=none", f"pipeline.data_service={cluster.target}",
+            f"pipeline.data_service_mode={mode}"]).pipeline
+        dataset = pipeline.build(tiny_spec.train_files, tiny_spec, served_knobs, training=False,
+                                 num_examples=tiny_spec.num_train, batch_size=16)
+        served = examples(pipeline.to_service(dataset, served_knobs, job_name=f"count-{mode}"))
+    assert set(served) == set(local) and len(local) == tiny_spec.num_train
+    assert set(served.values()) == {times}
+
+
+def test_a_trainer_fed_by_a_local_dispatcher_and_two_workers_trains(tiny_sets):
+    with data_service.LocalCluster(workers=2) as cluster:
+        cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + [
+            "pipeline.batch_size=16", f"pipeline.data_service={cluster.target}", "train.deterministic=false"])
+        summary = fit.run(cfg, log=lambda message: None)
+    assert summary["examples_per_sec"] > 0 and "tf.data service" in summary["pipeline"]
+
+
+def test_losing_every_data_service_worker_ends_the_trainer_in_bounded_time(tiny_data_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ports = __import__("train.distributed", fromlist=["free_ports"]).free_ports(2)
+    dispatcher = subprocess.Popen([sys.executable, "-m", "train", "data-service", "dispatcher", "--port",
+                                   str(ports[0])], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([sys.executable, "-m", "train", "data-service", "worker", "--port", str(ports[1]),
+                               "--dispatcher", f"localhost:{ports[0]}"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    items = data_sets(tiny_data_dir) + QUICK + [
+        f"runs_dir={tmp_path}", "pipeline.batch_size=16", "train.epochs=500", "train.deterministic=false",
+        f"pipeline.data_service=grpc://localhost:{ports[0]}", "train.stall_timeout_s=15"]
+    trainer = subprocess.Popen([sys.executable, "-m", "train", "fit", "--config", "configs/optimized.yaml",
+                                *sets_args(items)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        for line in trainer.stdout:
+            if line.startswith("Epoch 3/") or time.monotonic() > deadline:
+                break
+        worker.kill()
+        killed_at = time.monotonic()
+        _, stderr = trainer.communicate(timeout=120)
+        assert time.monotonic() - killed_at < 90
+        assert trainer.returncode == 3
+        assert "no training step finished for 15 s" in stderr and "tf.data service" in stderr
+        assert (tmp_path / "optimized" / "checkpoints").is_dir()  # kept for a resume
+    finally:
+        for process in (trainer, worker, dispatcher):
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
