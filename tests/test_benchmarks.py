@@ -24,7 +24,9 @@ def test_bench_reports_medians_spreads_speedup_and_efficiency(tiny_data_dir, tmp
                      *sets(tiny_data_dir, "pipeline.batch_size=16", "pipeline.shuffle_buffer=16"), timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     bench = json.loads((out / "bench.json").read_text())
-    assert set(bench["variants"]) == {"naive", "optimized", "ceiling"}
+    assert set(bench["variants"]) == {"naive", "optimized", "ceiling", "service_1w", "service_2w"}
+    assert set(bench["data_service"]) == {"service_1w", "service_2w"}
+    assert "tf.data service" in bench["variants"]["service_2w"]["pipeline"]
     for row in bench["variants"].values():
         assert row["trials"] == 3 and len(row["samples"]) == 3
         assert row["min"] <= row["median"] <= row["max"]
