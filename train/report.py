@@ -67,22 +67,24 @@ def _fmt(value, digits: int = 1, suffix: str = "") -> str:
     return f"{value}{suffix}"
 
 
+ROWS = (  # (label, key in the run's row, decimals, unit), shared by the table and report.md
+    ("examples/s", "examples_per_sec", 0, ""),
+    ("step time (ms)", "step_time_ms", 1, ""),
+    ("waiting for input (profiler)", "input_bound_percent", 1, " %"),
+    ("device busy (profiler)", "device_busy_percent", 1, " %"),
+    ("GPU utilization (NVML)", "gpu_utilization_percent", 1, " %"),
+    ("CPU utilization (psutil)", "cpu_utilization_percent", 1, " %"),
+    ("validation accuracy", "val_accuracy", 3, ""),
+    ("batch size", "batch_size", 0, ""),
+    ("precision", "precision", 0, ""),
+)
+
+
 def table(report: dict) -> str:
     names = list(report["runs"])
-    rows = [
-        ("examples/s", "examples_per_sec", 0, ""),
-        ("step time (ms)", "step_time_ms", 1, ""),
-        ("waiting for input (profiler)", "input_bound_percent", 1, " %"),
-        ("device busy (profiler)", "device_busy_percent", 1, " %"),
-        ("GPU utilization (NVML)", "gpu_utilization_percent", 1, " %"),
-        ("CPU utilization (psutil)", "cpu_utilization_percent", 1, " %"),
-        ("validation accuracy", "val_accuracy", 3, ""),
-        ("batch size", "batch_size", 0, ""),
-        ("precision", "precision", 0, ""),
-    ]
-    width = max(len(label) for label, *_ in rows) + 2
+    width = max(len(label) for label, *_ in ROWS) + 2
     lines = ["".ljust(width) + "".join(name.rjust(16) for name in names)]
-    for label, key, digits, suffix in rows:
+    for label, key, digits, suffix in ROWS:
         cells = [_fmt(report["runs"][n][key], digits, suffix).rjust(16) for n in names]
         lines.append(label.ljust(width) + "".join(cells))
     if report["speedup"]:
@@ -103,15 +105,7 @@ def markdown(report: dict) -> str:
         "| | " + " | ".join(names) + " |",
         "|---|" + "---:|" * len(names),
     ]
-    for label, key, digits, suffix in (
-        ("examples/s", "examples_per_sec", 0, ""),
-        ("step time (ms)", "step_time_ms", 1, ""),
-        ("waiting for input, share of step time (profiler)", "input_bound_percent", 1, " %"),
-        ("device busy, share of step time (profiler)", "device_busy_percent", 1, " %"),
-        ("GPU utilization (NVML, mean)", "gpu_utilization_percent", 1, " %"),
-        ("CPU utilization (psutil, mean)", "cpu_utilization_percent", 1, " %"),
-        ("validation accuracy", "val_accuracy", 3, ""),
-        ("batch size", "batch_size", 0, ""),
+    for label, key, digits, suffix in ROWS[:-1] + (
         ("precision / XLA / steps per execution", None, 0, ""),
         ("slowest tf.data stage", "slow_stage", 0, ""),
     ):
