@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT, data_sets, run_cli
-from train import config, data_service, datasets, fit, pipeline
+from train import config, data_service, fit, pipeline
 
 QUICK = ["train.epochs=2", "profile.enabled=false", "monitor.enabled=false", "model.name=tiny", "model.width=4",
          "train.precision=float32",

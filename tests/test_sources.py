@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +10,6 @@ from PIL import Image
 
 from tests.conftest import ROOT, run_cli
 from train import config, convert, datasets, fit, models
-from train.errors import UserError
 
 QUICK = ["train.epochs=2", "pipeline.batch_size=8", "pipeline.shuffle_buffer=64", "profile.enabled=false",
          "monitor.interval_s=0.05", "model.name=tiny", "model.width=4"]

@@ -15,7 +15,6 @@ the resumed run ends with exactly the weights of an uninterrupted one.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from pathlib import Path
@@ -153,10 +152,3 @@ def plan_segments(epochs: int, steps_per_epoch: int, epoch: int, step_in_epoch: 
     if epoch < epochs:
         segments.append((epoch, epochs, steps_per_epoch))
     return segments
-
-
-def is_finite(value) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False

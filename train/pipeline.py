@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -231,7 +230,3 @@ def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int) -> str
         stages.append(f"tf.data service ({knobs.data_service_mode})")
     stages.append(f"prefetch({knobs.prefetch})" if knobs.prefetch else "no prefetch")
     return " -> ".join(stages)
-
-
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

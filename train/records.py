@@ -14,9 +14,6 @@ from collections.abc import Iterator
 
 import google_crc32c
 
-FEATURE_KEYS = ("image", "label")
-
-
 class CorruptRecord(ValueError):
     """A record that cannot be read: names the shard, the record index and what is wrong."""
 
