@@ -84,8 +84,11 @@ def test_the_three_augmentations_agree(flip_lr, flip_ud, dy):
     args = (tf.constant([flip_ud]), tf.constant([dy]), int(flip_lr))
     eager = augment.tf_apply(tf.constant(image[None]), *args)[0].numpy()
     inside = tf.data.Dataset.from_tensors(image[None]).map(lambda x: augment.tf_apply(x, *args)[0])
+    stacked, _ = augment.add_mirror(tf.constant(image), 0)
+    mirrored = augment.tf_apply_mirrored(stacked[None], tf.constant([flip_lr]), *args[:2])[0].numpy()
     assert (eager == expected).all()
     assert (next(iter(inside)).numpy() == expected).all()
+    assert (mirrored == expected).all()
 
 
 def test_flip_and_shift_mean_what_they_say():
@@ -96,13 +99,16 @@ def test_flip_and_shift_mean_what_they_say():
     assert (shifted[1:] == image[:-1, :, 0]).all() and (shifted[0] == image[0, :, 0]).all()
 
 
-def test_batched_augmentation_flips_a_prefix_and_draws_the_rest_per_example():
-    images = tf.constant(np.random.default_rng(1).integers(0, 256, (6, 8, 8, 3), dtype=np.uint8))
+def test_batched_augmentation_draws_every_flip_and_shift_per_example():
+    images = np.random.default_rng(1).integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
+    stacked = tf.stack([augment.add_mirror(tf.constant(image), 0)[0] for image in images])
+    assert stacked.shape == (6, 16, 8, 3)
+    flip_lr = [False, True, True, False, True, False]
     flip_ud = [True, False, False, True, False, True]
     dy = [0, 1, -1, 0, 2, -2]
-    out = augment.tf_apply(images, tf.constant(flip_ud), tf.constant(dy), 3).numpy()
+    out = augment.tf_apply_mirrored(stacked, tf.constant(flip_lr), tf.constant(flip_ud), tf.constant(dy)).numpy()
     for index in range(6):
-        expected = augment.numpy_apply(images[index].numpy(), index < 3, flip_ud[index], dy[index])
+        expected = augment.numpy_apply(images[index], flip_lr[index], flip_ud[index], dy[index])
         assert (out[index] == expected).all()
 
 
@@ -115,7 +121,7 @@ def test_per_example_augmentation_flips_about_half():
 
 
 def test_augmentation_draws_are_a_function_of_seed_and_index():
-    images = tf.constant(np.random.default_rng(2).integers(0, 256, (8, 16, 16, 3), dtype=np.uint8))
+    images = tf.constant(np.random.default_rng(2).integers(0, 256, (8, 32, 16, 3), dtype=np.uint8))
     labels = tf.range(8)
     first = augment.tf_augment_batch(5, (images, labels), seed=1)[0].numpy()
     assert (first == augment.tf_augment_batch(5, (images, labels), seed=1)[0].numpy()).all()
@@ -128,7 +134,27 @@ def test_batched_augmentation_changes_images_but_keeps_labels(tiny_spec):
     images = np.stack([np.full((32, 32, 3), i, np.uint8) for i in range(8)])
     images[:, :, :16] = 0  # left half dark, so a left-right flip shows
     labels = np.arange(8)
-    out, out_labels = augment.tf_augment_batch(0, (tf.constant(images), tf.constant(labels)))
-    assert (out_labels.numpy() == labels).all() and out.dtype == tf.uint8
+    stacked = tf.stack([augment.add_mirror(tf.constant(image), 0)[0] for image in images])
+    out, out_labels = augment.tf_augment_batch(0, (stacked, tf.constant(labels)))
+    assert (out_labels.numpy() == labels).all() and out.dtype == tf.uint8 and out.shape == images.shape
     assert not (out.numpy() == images).all()
     assert knob.augment == "batched"
+
+
+def test_batched_augmentation_flips_about_half_left_right(tiny_spec):
+    image = np.zeros((8, 8, 3), np.uint8)
+    image[:, :4] = 255  # left half bright; a left-right flip makes it dark
+    stacked = tf.stack([augment.add_mirror(tf.constant(image), 0)[0]] * 50)
+    flipped = sum(int((augment.tf_augment_batch(index, (stacked, tf.zeros([50])))[0].numpy()[:, 4, 0, 0] == 255)
+                      .sum()) for index in range(4))
+    assert 60 < flipped < 140
+
+
+def test_the_optimized_pipeline_yields_plain_images_and_caches_mirrors(tiny_spec):
+    knob = knobs("optimized")
+    train_mb = pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train)
+    assert train_mb == 2 * pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train, training=False)
+    assert "mirror -> cache" in pipeline.describe(knob, tiny_spec, tiny_spec.num_train)
+    images, _ = next(iter(pipeline.build(tiny_spec.train_files, tiny_spec, knob, training=True,
+                                         num_examples=tiny_spec.num_train, batch_size=8)))
+    assert images.shape == (8, *tiny_spec.image_shape)

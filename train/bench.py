@@ -9,6 +9,7 @@ reader can judge the noise of a shared machine.
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 from pathlib import Path
@@ -96,6 +97,9 @@ def main(args) -> int:
                 served.append(trials.prepare(f"service_{workers}w", cfg, spec, found))
             trials.interleaved(served, args.trials, args.seconds)
         finally:
+            for variant in served[1:]:
+                variant.iterator = None  # releases its service job while the dispatcher still answers
+            gc.collect()
             for cluster in clusters:
                 cluster.stop()
         for variant in served[1:]:

@@ -6,6 +6,7 @@ Stages, in order, each switched by its knob:
 
     read      python: a generator reads records and decodes JPEGs with PIL, one by one
               tfrecord: shard list (shuffled) -> interleave(TFRecordDataset) -> map(parse+decode)
+    mirror    batched augmentation only: each image's left-right mirror, made once (under the cache)
     cache     decoded images in memory, when they fit
     shuffle   element shuffle buffer
     augment   python (in the generator) | per_example (map) | batched (vectorized, after batch)
@@ -40,14 +41,23 @@ def _auto(value: int | str) -> int:
     return AUTOTUNE if value == "auto" else int(value)
 
 
-def decoded_size_mb(spec: DatasetSpec, num_examples: int) -> float:
+def mirrored(knobs: PipelineConfig, training: bool = True) -> bool:
+    """Batched augmentation stores each image with its mirror (see augment.add_mirror)."""
+    return training and knobs.augment == "batched"
+
+
+def decoded_size_mb(spec: DatasetSpec, num_examples: int, copies: int = 1) -> float:
     height, width, channels = spec.image_shape
-    return num_examples * height * width * channels / 2**20
+    return copies * num_examples * height * width * channels / 2**20
 
 
-def cache_enabled(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int) -> bool:
+def cache_size_mb(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, training: bool = True) -> float:
+    return decoded_size_mb(spec, num_examples, copies=2 if mirrored(knobs, training) else 1)
+
+
+def cache_enabled(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, training: bool = True) -> bool:
     if knobs.cache == "auto":
-        return decoded_size_mb(spec, num_examples) <= knobs.cache_limit_mb
+        return cache_size_mb(knobs, spec, num_examples, training) <= knobs.cache_limit_mb
     return knobs.cache == "memory"
 
 
@@ -169,11 +179,14 @@ def build(
         dataset = _python_reader(files, spec, knobs, training, seed)
     else:
         dataset = _tfrecord_reader(files, spec, knobs, training, seed, damaged or {})
-    if cache_enabled(knobs, spec, num_examples):
+    parallel_calls = _auto(knobs.parallel_calls)
+    if mirrored(knobs, training):
+        dataset = dataset.map(augment.add_mirror, num_parallel_calls=parallel_calls,
+                              deterministic=knobs.deterministic)
+    if cache_enabled(knobs, spec, num_examples, training):
         dataset = dataset.cache()
     if training and knobs.shuffle_buffer:
         dataset = dataset.shuffle(knobs.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    parallel_calls = _auto(knobs.parallel_calls)
     if training and knobs.augment == "per_example":
         # Indexed within the epoch; the shuffle gives each position a different example every epoch.
         dataset = dataset.enumerate().map(
@@ -219,13 +232,17 @@ def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int) -> str
     else:
         reads = "sequential reads" if knobs.parallel_reads == 1 else f"interleave({knobs.parallel_reads})"
         stages = [f"tfrecord {reads}", f"map(decode, {knobs.parallel_calls})"]
+    if mirrored(knobs):
+        stages.append("mirror")
     if cache_enabled(knobs, spec, num_examples):
-        stages.append(f"cache ({decoded_size_mb(spec, num_examples):.0f} MB)")
+        stages.append(f"cache ({cache_size_mb(knobs, spec, num_examples):.0f} MB)")
     if knobs.shuffle_buffer:
         stages.append(f"shuffle({knobs.shuffle_buffer})")
-    if knobs.augment != "none":
+    if knobs.augment not in ("none", "batched"):
         stages.append(f"augment[{knobs.augment}]")
     stages.append(f"batch({knobs.batch_size})")
+    if knobs.augment == "batched":
+        stages.append("augment[batched]")
     if knobs.data_service:
         stages.append(f"tf.data service ({knobs.data_service_mode})")
     stages.append(f"prefetch({knobs.prefetch})" if knobs.prefetch else "no prefetch")
