@@ -9,6 +9,9 @@ ARGS ?=
 PORT ?= 6006
 LOGDIR ?= runs/compare
 WORKERS ?= 2
+DISPATCHER_PORT ?= 5050
+WORKER_PORT ?= 5051
+DISPATCHER ?= localhost:$(DISPATCHER_PORT)
 
 ifdef TEMPLATE_IN_CONTAINER
 # Inside the Docker image (see Dockerfile) the project is installed into the system Python.
@@ -23,7 +26,7 @@ TF_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
 endif
 
-.PHONY: help setup data train-naive train-optimized train-multiworker compare bench ladder sweep-batch diagnose tensorboard test lint clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch diagnose tensorboard test lint clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -51,6 +54,12 @@ train-optimized: data ## Train the optimized pipeline into runs/optimized
 
 train-multiworker: data ## Train the optimized preset with WORKERS local processes (MultiWorkerMirroredStrategy)
 	$(PY) -m train launch --workers $(WORKERS) -- fit --config configs/optimized.yaml --set train.strategy=multi_worker $(ARGS)
+
+data-dispatcher: setup ## Run a tf.data service dispatcher on DISPATCHER_PORT (5050) until Ctrl-C
+	$(PY) -m train data-service dispatcher --port $(DISPATCHER_PORT) $(ARGS)
+
+data-worker: data ## Run a tf.data service worker on WORKER_PORT (5051) for DISPATCHER (localhost:5050)
+	$(PY) -m train data-service worker --port $(WORKER_PORT) --dispatcher $(DISPATCHER) $(ARGS)
 
 compare: data ## Naive vs optimized on the same data and model: table + runs/compare/report.{md,png,json}
 	$(PY) -m train compare $(ARGS)

@@ -86,6 +86,13 @@ def test_docker_make_targets_exist_and_are_documented():
         assert f"make {target}" in readme
 
 
+def test_the_readme_and_the_makefile_name_the_same_targets():
+    documented = set(re.findall(r"`make ([a-z0-9-]+)", (ROOT / "README.md").read_text()))
+    helped = set(re.findall(r"^([a-zA-Z0-9_-]+):.*## ", (ROOT / "Makefile").read_text(), re.M))
+    assert documented <= make_targets(), f"README names missing targets: {documented - make_targets()}"
+    assert helped <= documented, f"targets the README does not mention: {helped - documented}"
+
+
 def test_docker_targets_fail_at_once_without_an_engine():
     if subprocess.run(["docker", "info"], capture_output=True).returncode == 0 if shutil.which("docker") else False:
         pytest.skip("a Docker engine answers here")

@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import ROOT, data_sets, run_cli
 from train import config, data_service, fit, pipeline
+from train.distributed import free_ports
 
 QUICK = ["train.epochs=2", "profile.enabled=false", "monitor.enabled=false", "model.name=tiny", "model.width=4",
          "train.precision=float32",
@@ -59,6 +60,7 @@ def launch_command(tiny_data_dir: Path, runs: Path, epochs: int = 2) -> list[str
             "configs/optimized.yaml", "--name", "mw", *sets_args(items)]
 
 
+@pytest.mark.timeout(360)
 def test_two_local_workers_train_and_end_with_identical_weights(tiny_data_dir, tmp_path):
     result = subprocess.run(launch_command(tiny_data_dir, tmp_path), cwd=ROOT, capture_output=True, text=True,
                             timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -74,6 +76,7 @@ def test_two_local_workers_train_and_end_with_identical_weights(tiny_data_dir, t
     assert "[worker 1]" in result.stdout and result.stdout.count("done:") == 1
 
 
+@pytest.mark.timeout(360)
 def test_a_dying_worker_stops_the_run_with_a_clear_error_in_bounded_time(tiny_data_dir, tmp_path):
     launcher = subprocess.Popen(launch_command(tiny_data_dir, tmp_path, epochs=400), cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -103,6 +106,7 @@ def examples(dataset) -> Counter:
     return Counter(hashlib.sha1(image.tobytes()).hexdigest() for images, _ in dataset for image in images.numpy())
 
 
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize("mode, times", [("parallel_epochs", 2), ("distributed_epoch", 1)])
 def test_data_service_with_two_workers_serves_each_example_the_expected_number_of_times(tiny_spec, mode, times):
     knobs = config.load(ROOT / "configs/optimized.yaml", ["pipeline.augment=none"]).pipeline
@@ -119,6 +123,7 @@ def test_data_service_with_two_workers_serves_each_example_the_expected_number_o
     assert set(served.values()) == {times}
 
 
+@pytest.mark.timeout(360)
 def test_a_trainer_fed_by_a_local_dispatcher_and_two_workers_trains(tiny_sets):
     with data_service.LocalCluster(workers=2) as cluster:
         cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + [
@@ -127,9 +132,10 @@ def test_a_trainer_fed_by_a_local_dispatcher_and_two_workers_trains(tiny_sets):
     assert summary["examples_per_sec"] > 0 and "tf.data service" in summary["pipeline"]
 
 
+@pytest.mark.timeout(360)
 def test_losing_every_data_service_worker_ends_the_trainer_in_bounded_time(tiny_data_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    ports = __import__("train.distributed", fromlist=["free_ports"]).free_ports(2)
+    ports = free_ports(2)
     dispatcher = subprocess.Popen([sys.executable, "-m", "train", "data-service", "dispatcher", "--port",
                                    str(ports[0])], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
@@ -159,3 +165,20 @@ def test_losing_every_data_service_worker_ends_the_trainer_in_bounded_time(tiny_
             if process.poll() is None:
                 process.kill()
             process.wait(timeout=30)
+
+
+@pytest.mark.timeout(360)
+def test_a_data_service_server_stops_cleanly_on_sigterm():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    port = free_ports(1)[0]
+    server = subprocess.Popen([sys.executable, "-m", "train", "data-service", "dispatcher", "--port", str(port)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert server.stdout.readline().startswith("tf.data service dispatcher: grpc://")
+        server.send_signal(signal.SIGTERM)
+        out, _ = server.communicate(timeout=30)
+        assert server.returncode == 0 and "dispatcher stopped" in out
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait(timeout=30)

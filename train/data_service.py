@@ -16,7 +16,9 @@ publish no port, across hosts use a private network or a firewall.
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 
 LISTEN_WARNING = (
     "note: tf.data service servers listen on all interfaces (TensorFlow has no bind-address option); "
@@ -32,7 +34,7 @@ def dispatcher(port: int, work_dir: str | None = None) -> None:
     server = tf.data.experimental.service.DispatchServer(config)
     print(f"tf.data service dispatcher: {server.target}", flush=True)
     print(LISTEN_WARNING.format(port=port), file=sys.stderr, flush=True)
-    server.join()
+    _serve("dispatcher")
 
 
 def worker(port: int, dispatcher_address: str, advertised_host: str = "localhost") -> None:
@@ -44,7 +46,21 @@ def worker(port: int, dispatcher_address: str, advertised_host: str = "localhost
     server = tf.data.experimental.service.WorkerServer(config)
     print(f"tf.data service worker {advertised_host}:{port} -> dispatcher {address}", flush=True)
     print(LISTEN_WARNING.format(port=port), file=sys.stderr, flush=True)
-    server.join()
+    _serve("worker")
+
+
+def _serve(role: str) -> None:
+    """Serve until Ctrl-C or SIGTERM (`docker compose stop`), then exit cleanly.
+
+    The servers run on TensorFlow's own threads; `server.join()` would block in C++ where
+    Python never sees Ctrl-C, so the main thread sleeps in Python instead.
+    """
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            time.sleep(3600)
+    except (KeyboardInterrupt, SystemExit):
+        print(f"tf.data service {role} stopped", flush=True)
 
 
 class LocalCluster:
