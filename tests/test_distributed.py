@@ -102,6 +102,37 @@ def test_a_dying_worker_stops_the_run_with_a_clear_error_in_bounded_time(tiny_da
         launcher.wait(timeout=30)
 
 
+@pytest.mark.timeout(360)
+def test_without_the_launcher_a_worker_whose_peer_dies_stops_with_a_clear_error(tiny_data_dir, tmp_path):
+    """As on real hosts: nothing watches the workers, the survivor must notice by itself."""
+    ports = free_ports(2)
+    cluster = {"worker": [f"localhost:{port}" for port in ports]}
+    command = launch_command(tiny_data_dir, tmp_path, epochs=400)
+    command = [sys.executable, "-m", "train", *command[command.index("--") + 1:]]
+    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CONFIG": json.dumps(
+                                    {"cluster": cluster, "task": {"type": "worker", "index": index}})})
+               for index in range(2)]
+    try:
+        deadline = time.monotonic() + 180
+        for line in workers[0].stdout:
+            if "epoch 2/" in line or time.monotonic() > deadline:
+                break
+        workers[1].kill()
+        killed_at = time.monotonic()
+        _, stderr = workers[0].communicate(timeout=120)
+        assert time.monotonic() - killed_at < 60
+        assert workers[0].returncode == 3, stderr[-2000:]
+        message = stderr.strip().splitlines()[-1]
+        assert message.startswith("error: [mw worker 0] lost contact with worker 1"), message
+        assert "restart every worker with the same command" in message and "checkpoints" in message
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+            worker.wait(timeout=30)
+
+
 def examples(dataset) -> Counter:
     return Counter(hashlib.sha1(image.tobytes()).hexdigest() for images, _ in dataset for image in images.numpy())
 

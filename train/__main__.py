@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from train.errors import UserError
+from train.errors import RunFailed, UserError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
@@ -203,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except RunFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

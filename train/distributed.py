@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.errors import UserError
+from train.errors import RunFailed, UserError
 
 
 def _weights_fingerprint(model) -> str:
@@ -132,13 +133,17 @@ def run(cfg, spec, found, choices, config_path=None, build_hint="make data", log
         saver.set_model(model)
     val_ds = pipeline.build(spec.val_files, spec, knobs, training=False, num_examples=spec.num_val,
                             seed=cfg.train.seed, batch_size=cfg.pipeline.batch_size)
+    peer_errors = _peer_errors()
     started = time.perf_counter()
     for epoch in range(start_epoch, cfg.train.epochs):
         timer.on_epoch_begin(epoch)
         losses, corrects = [], []
         for index in range(steps):
             timer.on_train_batch_begin(index)
-            loss, correct = train_step(iterator)
+            try:
+                loss, correct = train_step(iterator)
+            except peer_errors as error:
+                raise peer_lost(error, name, epoch, index, cfg.train.collective_timeout_s, run_dir) from None
             losses.append(float(loss))
             corrects.append(float(correct))
             timer.on_train_batch_end(index)
@@ -189,6 +194,34 @@ def run(cfg, spec, found, choices, config_path=None, build_hint="make data", log
     log(f"{name} done: {summary['examples_per_sec'] or 0:.0f} examples/s across {replicas} replicas, "
         f"val_accuracy {summary['val_accuracy']:.3f} -> {run_dir}/summary.json")
     return summary
+
+
+def _peer_errors() -> tuple:
+    import tensorflow as tf
+
+    return (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
+            tf.errors.DeadlineExceededError)
+
+
+def peer_lost(error, name: str, epoch: int, index: int, timeout_s: float, run_dir: Path) -> RunFailed:
+    """One paragraph for a collective that failed because another worker died or stopped answering."""
+    from train import checkpoint
+
+    text = str(getattr(error, "message", error))
+    peer = re.search(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", text)
+    who = f"{peer.group(1)} {peer.group(2)}" if peer else "another worker"
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and not line.strip().startswith(("Graph execution error", "Detected at node", "File "))]
+    cause = re.compile(r"aborted by|connect|connection|deadline|timed? ?out|unavailable", re.I)
+    first = next((line for line in lines if cause.search(line)), lines[0] if lines else type(error).__name__)
+    last = checkpoint.latest(run_dir)
+    where = f"the last checkpoint, {last[0]}" if last else f"the start (no checkpoint in {run_dir} yet)"
+    return RunFailed(
+        f"{name} lost contact with {who} at epoch {epoch + 1}, step {index + 1} ({type(error).__name__}: "
+        f"{first[:200]}). A multi-worker step needs every worker: a worker that died, was stopped or did not "
+        f"answer within train.collective_timeout_s ({timeout_s:g} s) ends the run on all of them instead of "
+        f"leaving them waiting. Find why {who} stopped (its own output), then restart every worker with the "
+        f"same command: they resume from {where}.")
 
 
 def _evaluate(model, dataset, loss_fn) -> dict:

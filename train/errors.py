@@ -13,6 +13,14 @@ class UserError(Exception):
     """
 
 
+class RunFailed(Exception):
+    """A run stopped by something outside it (a lost peer, a stalled service), not by bad input.
+
+    The CLI prints it as one paragraph and exits with status 3, like the stall watchdog:
+    what was checkpointed is kept, and rerunning the same command resumes.
+    """
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """' Did you mean 'x'?' when a close match exists, else ''."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
