@@ -6,7 +6,7 @@ Stages, in order, each switched by its knob:
 
     read      python: a generator reads records and decodes JPEGs with PIL, one by one
               tfrecord: shard list (shuffled) -> interleave(TFRecordDataset) -> map(parse+decode)
-    mirror    batched augmentation only: each image's left-right mirror, made once (under the cache)
+    mirror    batched augmentation only: each image next to its left-right mirror (made once when cached)
     cache     decoded images in memory, when they fit
     shuffle   element shuffle buffer
     augment   python (in the generator) | per_example (map) | batched (vectorized, after batch)
