@@ -1,5 +1,5 @@
-# Every target wraps `python -m ...`; `make help` lists them.
-# Pass extra arguments to the Python command with ARGS, e.g.
+# Every target that runs Python wraps one `python -m ...` command; `make help` lists them.
+# Pass extra arguments to that command with ARGS, e.g.
 #   make train-optimized ARGS="--set train.epochs=3 --set pipeline.batch_size=128"
 
 SHELL := /bin/bash
@@ -83,7 +83,7 @@ test: setup ## Run the test suite (fast CPU tests on tiny generated data)
 	$(PY) -m pytest $(ARGS)
 
 lint: setup ## Lint the Dockerfile (hadolint) and validate docker-compose.yml (Compose v2), offline
-	$(PY) -m train lint
+	$(PY) -m train lint $(ARGS)
 
 # The GPU path (see README, "GPU in Docker"). Each target needs a Docker engine with Compose v2
 # and the NVIDIA Container Toolkit, and stops at once with a clear message where there is none.

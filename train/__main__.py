@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--seconds", type=float, default=3.0, help="minimum seconds per trial (default: %(default)s)")
     bench.add_argument("--data-service-workers", type=int, nargs="*", default=[1, 2], metavar="N",
                        help="also run the optimized pipeline on a local tf.data service with N workers "
-                            "(default: 1 2; none to skip)")
+                            "(default: 1 2; the flag with no N skips them)")
     bench.set_defaults(func=cmd_bench)
 
     ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")

@@ -11,8 +11,8 @@ which is cheap. A per-example horizontal shift needs a gather per pixel and meas
 as expensive, which on a 2-core machine steals that time from the model.
 
 The batched path goes one step further. A left-right flip of uint8 pixels (tf.reverse on
-the width axis) cost more than everything else together: 1.7 ms of CPU for half a batch of
-256 64x64 images. So each image's mirror is made once, before the cache, and kept under it
+the width axis) cost more than everything else together: 1.7 ms of CPU for the flipped half of a
+batch of 256 64x64 images. So each image's mirror is made once, before the cache, and kept under it
 (`add_mirror`: [2H, W, C], twice the cache memory); after batching, flip, up-down flip and
 shift are then one gather of whole rows (`tf_apply_mirrored`): 0.9 ms instead of 2.5 ms
 per batch, and every example gets its own left-right draw.

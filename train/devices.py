@@ -2,7 +2,7 @@
 
 What speeds up a modern NVIDIA GPU (float16 tensor cores, XLA fusion, many steps per
 host round trip) can slow a CPU down: on the project's 2-core CPUs XLA made a small CNN
-about 2x slower and mixed_bfloat16 about 7x slower. So `auto` means "what is fastest on
+2-4x slower and mixed_bfloat16 about 7x slower. So `auto` means "what is fastest on
 this device", and the choice and its reason are written into the run.
 """
 
@@ -102,7 +102,7 @@ def resolve(train: TrainConfig, devices: Devices) -> Choices:
         jit_compile = bool(devices.gpus)
         reasons["jit_compile"] = (
             "GPU: XLA fuses small kernels and cuts launch overhead" if devices.gpus
-            else "CPU: XLA measured ~2x slower for a small CNN on these CPUs"
+            else "CPU: XLA measured 2-4x slower for a small CNN on these CPUs (make ladder)"
         )
 
     steps = train.steps_per_execution

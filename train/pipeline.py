@@ -9,9 +9,10 @@ Stages, in order, each switched by its knob:
     mirror    batched augmentation only: each image next to its left-right mirror (made once when cached)
     cache     decoded images in memory, when they fit
     shuffle   element shuffle buffer
-    augment   python (in the generator) | per_example (map) | batched (vectorized, after batch)
+    augment   python (in the generator) | per_example (map, before batch)
     batch
     repeat    training only: the iterator lives across epochs, so prefetch spans the boundary
+    augment   batched: one vectorized map per batch (a row gather from the mirrored images)
     service   optional: the stages above run on tf.data service workers
     prefetch
 
@@ -173,7 +174,11 @@ def build(
     batch_size: int | None = None,
     damaged: dict[str, list[bytes]] | None = None,
 ) -> tf.data.Dataset:
-    """The input pipeline for one split. `training=False` reads in order without augmentation."""
+    """The input pipeline for one split.
+
+    `training=False` reads every example once, unshuffled and without augmentation (in file
+    order when `pipeline.deterministic`; the optimized preset hands out whichever is ready).
+    """
     batch_size = batch_size or knobs.batch_size
     if knobs.reader == "python":
         dataset = _python_reader(files, spec, knobs, training, seed)
