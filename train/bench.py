@@ -10,11 +10,10 @@ reader can judge the noise of a shared machine.
 from __future__ import annotations
 
 import gc
-import json
 import statistics
 from pathlib import Path
 
-from train import compare, data_service, datasets, devices, trials
+from train import compare, data_service, datasets, devices, fit, trials
 from train import config as config_lib
 
 
@@ -122,9 +121,7 @@ def main(args) -> int:
         "data_service": service_ratios,  # median of per-round ratios service / local optimized
     }
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "bench.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out / "bench.json")
+    fit.write_json(out / "bench.json", result)
     write_tensorboard(out, variants)
     print()
     print(table(result))

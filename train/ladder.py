@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from train import compare, datasets, devices, trials
+from train import compare, datasets, devices, fit, trials
 from train import config as config_lib
 from train.errors import UserError
 
@@ -141,7 +141,7 @@ def main(args) -> int:
     result = {"device": found.describe(), "scenario": why, "ladder": str(ladder_path), "trials": args.trials,
               "trial_seconds": args.seconds, "naive_examples_per_sec": naive_rate, "rungs": rows,
               "final_speedup": running}
-    (out / "ladder.json").write_text(json.dumps(result, indent=2) + "\n")
+    fit.write_json(out / "ladder.json", result)
     (out / "ladder.md").write_text(markdown(result))
     chart(result, out / "ladder.png")
     write_hparams(out, result)

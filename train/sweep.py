@@ -10,11 +10,10 @@ runs/sweep-batch/sweep.json, where an out-of-memory error in `fit` looks for it.
 from __future__ import annotations
 
 import gc
-import json
 import shutil
 from pathlib import Path
 
-from train import compare, datasets, devices, trials
+from train import compare, datasets, devices, fit, trials
 from train import config as config_lib
 from train.monitor import Sampler
 
@@ -87,9 +86,7 @@ def main(args) -> int:
     result = {"device": found.describe(), "scenario": why, "model": base.model.name,
               "image_shape": list(spec.image_shape), "points": points, "largest_batch_that_fit": largest,
               "stopped_because": stop_reason, "fastest_batch": best and best["batch_size"]}
-    tmp = out / "sweep.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out / "sweep.json")
+    fit.write_json(out / "sweep.json", result)
     chart(result, out / "sweep.png")
     write_tensorboard(out, ok)
     print(f"\nLargest batch that fit: {largest} ({stop_reason}); fastest: {result['fastest_batch']}.")
