@@ -44,7 +44,7 @@ def run(cfg, spec, found, choices, config_path=None, build_hint="make data", log
     import keras
     import tensorflow as tf
 
-    from train import checkpoint, fit, integrity, models, pipeline
+    from train import checkpoint, fit, integrity, pipeline
     from train import config as config_lib
     from train.throughput import StepTimer
 
@@ -75,13 +75,11 @@ def run(cfg, spec, found, choices, config_path=None, build_hint="make data", log
     knobs = cfg.pipeline
     steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(spec.num_train, batch, knobs.drop_remainder)
     keras.utils.set_random_seed(cfg.train.seed)
-    keras.mixed_precision.set_global_policy(choices.precision)
+    # The same compiled model as a single-process run: its optimizer (a LossScaleOptimizer under
+    # mixed_float16, wrapped by compile) is what the custom loop steps and checkpoints save.
+    model = fit.build_model(cfg, spec, choices, steps * cfg.train.epochs, strategy)
+    optimizer = model.optimizer
     with strategy.scope():
-        model = models.build_model(cfg.model.name, spec.image_shape, spec.num_classes, cfg.model.params)
-        optimizer = keras.optimizers.Adam(fit.learning_rate(cfg, replicas, steps * cfg.train.epochs))
-        if choices.precision == "mixed_float16":  # float16 gradients underflow without loss scaling
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        model.compile(optimizer=optimizer)  # attaches the optimizer, so checkpoints hold its state
         optimizer.build(model.trainable_variables)
     start_epoch = 0
     if resume and not resume["step_in_epoch"]:
