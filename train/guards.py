@@ -1,9 +1,13 @@
-"""Guard rails: a loss that is no longer a number, and a batch that does not fit in memory."""
+"""Guard rails: a loss that is no longer a number, a batch that does not fit in memory, a stalled run."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import sys
+import threading
+import time
 from pathlib import Path
 
 import keras
@@ -88,39 +92,23 @@ class StallWatchdog(keras.callbacks.Callback):
         self._stop = None
 
     def _watch(self):
-        import os
-        import sys
-        import time
-
         while not self._stop.wait(min(1.0, self.timeout_s / 4)):
             if self._last is not None and time.monotonic() - self._last > self.timeout_s:
                 print(f"error: no training step finished for {self.timeout_s:g} s. {self.hint} Checkpoints already "
                       "written are kept: rerun the same command to resume.", file=sys.stderr, flush=True)
                 os._exit(3)
 
-    def on_train_begin(self, logs=None):
-        import threading
-        import time
-
+    def _beat(self, *_, logs=None):
         self._last = time.monotonic()
+
+    # Any finished step (training or validation) or a new epoch shows the run is alive.
+    on_train_batch_end = on_test_batch_end = on_epoch_begin = _beat
+
+    def on_train_begin(self, logs=None):
+        self._beat()
         if self._stop is None:
             self._stop = threading.Event()
             threading.Thread(target=self._watch, name="stall-watchdog", daemon=True).start()
-
-    def on_train_batch_end(self, batch, logs=None):
-        import time
-
-        self._last = time.monotonic()
-
-    def on_test_batch_end(self, batch, logs=None):
-        import time
-
-        self._last = time.monotonic()
-
-    def on_epoch_begin(self, epoch, logs=None):
-        import time
-
-        self._last = time.monotonic()
 
     def stop(self):
         if self._stop is not None:
