@@ -27,7 +27,7 @@ RUN python -m pip freeze | grep -iE '^(tensorflow|tf-keras|tensorboard)[a-z_-]*=
 
 COPY . .
 RUN useradd --create-home --uid 1000 trainer && \
-    mkdir -p runs data/build && chown -R trainer:trainer /workspace/template
+    mkdir -p runs shards && chown -R trainer:trainer /workspace/template
 USER 1000:1000
 
 CMD ["make", "help"]

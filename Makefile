@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 endif
 
-data: setup ## Build the synthetic dataset (TFRecord shards in data/build; no-op when built)
+data: setup ## Build the synthetic dataset (TFRecord shards in shards/; no-op when built)
 	$(PY) -m train data --config configs/base.yaml $(ARGS)
 
 train-naive: data ## Train the naive baseline (Python generator, serial, no prefetch) into runs/naive
@@ -87,8 +87,8 @@ lint: setup ## Lint the Dockerfile (hadolint) and validate docker-compose.yml (C
 
 # The GPU path (see README, "GPU in Docker"). Each target needs a Docker engine with Compose v2
 # and the NVIDIA Container Toolkit, and stops at once with a clear message where there is none.
-# The containers write runs/ and data/build/ on the host as you (bind mounts, see docker-compose.yml).
-NEED_DOCKER = @docker info >/dev/null 2>&1 || { echo "error: no Docker engine answers here ('docker info' failed). The docker-* targets need Docker with Compose v2 and the NVIDIA Container Toolkit on a GPU host; without them use the same targets without 'docker-' (make train-optimized, make compare)." >&2; exit 1; }; mkdir -p runs data/build
+# The containers write runs/ and shards/ on the host as you (bind mounts, see docker-compose.yml).
+NEED_DOCKER = @docker info >/dev/null 2>&1 || { echo "error: no Docker engine answers here ('docker info' failed). The docker-* targets need Docker with Compose v2 and the NVIDIA Container Toolkit on a GPU host; without them use the same targets without 'docker-' (make train-optimized, make compare)." >&2; exit 1; }; mkdir -p runs shards
 export HOST_UID := $(shell id -u)
 export HOST_GID := $(shell id -g)
 
@@ -113,4 +113,4 @@ docker-tensorboard: ## TensorBoard for runs/ from Docker, on http://127.0.0.1:60
 	docker compose up tensorboard
 
 clean: ## Remove runs/ and the built datasets (keeps .venv)
-	rm -rf runs data/build .pytest_cache
+	rm -rf runs shards .pytest_cache

@@ -22,11 +22,11 @@ def data_sets(data_dir: Path) -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory) -> Path:
     """A 4-shard synthetic dataset of 128 + 32 images of 32x32, built with the real TFDS builder."""
-    from train import config, datasets
+    from train import config, sources
 
     data_dir = tmp_path_factory.mktemp("data")
     cfg = config.load(ROOT / "configs/base.yaml", data_sets(data_dir))
-    datasets.prepare(cfg.data)
+    sources.prepare(cfg.data)
     return data_dir
 
 
@@ -38,9 +38,9 @@ def tiny_sets(tiny_data_dir, tmp_path) -> list[str]:
 
 @pytest.fixture
 def tiny_spec(tiny_data_dir):
-    from train import config, datasets
+    from train import config, sources
 
-    return datasets.locate(config.load(ROOT / "configs/base.yaml", data_sets(tiny_data_dir)).data)
+    return sources.locate(config.load(ROOT / "configs/base.yaml", data_sets(tiny_data_dir)).data)
 
 
 def run_cli(*args: str, timeout: float = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess:

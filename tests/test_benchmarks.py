@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, data_sets, run_cli
-from train import ladder
+from train.benchmarks import ladder
 from train.errors import UserError
 
 

@@ -72,7 +72,7 @@ def test_services_use_gpus_shared_volumes_and_existing_commands():
         devices = service["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
         assert "./runs:/workspace/template/runs" in service["volumes"]
-        assert "./data/build:/workspace/template/data/build" in service["volumes"]
+        assert "./shards:/workspace/template/shards" in service["volumes"]
         assert service["shm_size"]
     assert services["tensorboard"]["ports"] == ["127.0.0.1:6006:6006"]
 

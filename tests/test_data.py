@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from train import config, datasets, records
+from train import config, sources
+from train.input import records
 from train.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,8 +22,8 @@ def test_prepare_is_a_no_op_when_built(tiny_data_dir):
     from tests.conftest import data_sets
 
     cfg = config.load(ROOT / "configs/base.yaml", data_sets(tiny_data_dir))
-    before = {f: os.path.getmtime(f) for f in datasets.locate(cfg.data).train_files}
-    spec, built = datasets.prepare(cfg.data)
+    before = {f: os.path.getmtime(f) for f in sources.locate(cfg.data).train_files}
+    spec, built = sources.prepare(cfg.data)
     assert not built
     assert {f: os.path.getmtime(f) for f in spec.train_files} == before
 
@@ -54,18 +55,18 @@ def test_labels_follow_what_is_drawn():
 def test_missing_dataset_names_the_command_that_builds_it(tmp_path):
     cfg = config.load(ROOT / "configs/optimized.yaml", [f"data.data_dir={tmp_path}"])
     with pytest.raises(UserError) as error:
-        datasets.locate(cfg.data, datasets.data_command("configs/optimized.yaml", [], [f"data.data_dir={tmp_path}"]))
+        sources.locate(cfg.data, sources.data_command("configs/optimized.yaml", [], [f"data.data_dir={tmp_path}"]))
     message = str(error.value)
     assert "is not built" in message
     assert f"python -m train data --config configs/optimized.yaml --set data.data_dir={tmp_path}" in message
 
 
 def test_default_data_is_built_with_make_data():
-    assert datasets.data_command("configs/optimized.yaml") == "make data"
-    assert datasets.data_command("configs/naive.yaml", [], ["pipeline.batch_size=8"]) == "make data"
+    assert sources.data_command("configs/optimized.yaml") == "make data"
+    assert sources.data_command("configs/naive.yaml", [], ["pipeline.batch_size=8"]) == "make data"
 
 
 def test_unknown_source_scheme_is_rejected():
     cfg = config.load(ROOT / "configs/base.yaml", ["data.source=s3:bucket"])
     with pytest.raises(UserError, match="scheme 's3' is not registered"):
-        datasets.prepare(cfg.data)
+        sources.prepare(cfg.data)

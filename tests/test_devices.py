@@ -2,7 +2,7 @@
 
 import pytest
 
-from train import devices
+from train.training import devices
 from train.config import TrainConfig
 
 CPU = devices.Devices(gpus=(), compute_capabilities=(), cpu_cores=2, cpu_bf16=False)

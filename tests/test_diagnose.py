@@ -9,9 +9,10 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import run_cli
-from train import diagnose, models
+from train import models
+from train.measure import diagnose
 from train.errors import UserError
-from train.profiling import StepTraceProfiler
+from train.measure.profiling import StepTraceProfiler
 
 
 def _model():

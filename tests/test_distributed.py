@@ -20,8 +20,10 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT, data_sets, run_cli
-from train import config, data_service, fit, pipeline
-from train.distributed import free_ports
+from train import config
+from train.input import pipeline, service
+from train.training import fit_loop
+from train.training.launch import free_ports
 
 QUICK = ["train.epochs=2", "profile.enabled=false", "monitor.enabled=false", "model.name=tiny", "model.width=4",
          "train.precision=float32",
@@ -143,7 +145,7 @@ def test_data_service_with_two_workers_serves_each_example_the_expected_number_o
     knobs = config.load(ROOT / "configs/optimized.yaml", ["pipeline.augment=none"]).pipeline
     local = examples(pipeline.build(tiny_spec.train_files, tiny_spec, knobs, training=False,
                                     num_examples=tiny_spec.num_train, batch_size=16))
-    with data_service.LocalCluster(workers=2) as cluster:
+    with service.LocalCluster(workers=2) as cluster:
         served_knobs = config.load(ROOT / "configs/optimized.yaml", [
             "pipeline.augment=none", f"pipeline.data_service={cluster.target}",
             f"pipeline.data_service_mode={mode}"]).pipeline
@@ -156,10 +158,10 @@ def test_data_service_with_two_workers_serves_each_example_the_expected_number_o
 
 @pytest.mark.timeout(360)
 def test_a_trainer_fed_by_a_local_dispatcher_and_two_workers_trains(tiny_sets):
-    with data_service.LocalCluster(workers=2) as cluster:
+    with service.LocalCluster(workers=2) as cluster:
         cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + [
             "pipeline.batch_size=16", f"pipeline.data_service={cluster.target}", "train.deterministic=false"])
-        summary = fit.run(cfg, log=lambda message: None)
+        summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["examples_per_sec"] > 0 and "tf.data service" in summary["pipeline"]
 
 

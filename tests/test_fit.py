@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from train import config, fit
+from train import config
+from train.training import fit_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml"))
@@ -25,7 +26,7 @@ def scalar_tags(folder: Path) -> set[str]:
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
 def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
     cfg = config.load(preset, tiny_sets + QUICK + ["model.width=8"])
-    summary = fit.run(cfg, config_path=str(preset), log=lambda message: None)
+    summary = fit_loop.run(cfg, config_path=str(preset), log=lambda message: None)
     run_dir = cfg.run_dir
     saved = json.loads((run_dir / "summary.json").read_text())
     assert saved["examples_per_sec"] > 0 and saved["step_time_ms"] > 0
@@ -52,14 +53,14 @@ def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
 def test_the_cpu_scenario_overlay_trains(tiny_sets):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK,
                       layers=[ROOT / "configs/scenarios/cpu.yaml"])
-    summary = fit.run(cfg, log=lambda message: None)
+    summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["model"] == "tiny" and summary["examples_per_sec"] > 0
 
 
 def test_rerun_replaces_the_previous_run(tiny_sets):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["model.name=tiny"])
-    fit.run(cfg, log=lambda message: None)
-    fit.run(cfg, log=lambda message: None)
+    fit_loop.run(cfg, log=lambda message: None)
+    fit_loop.run(cfg, log=lambda message: None)
     sessions = list((cfg.run_dir / "plugins" / "profile").iterdir())
     assert len(sessions) == 1
 
@@ -69,4 +70,4 @@ def test_batch_larger_than_the_dataset_is_a_clear_error(tiny_sets):
 
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + ["pipeline.batch_size=512"])
     with pytest.raises(UserError, match=r"batch_size \(512\) is larger than the training split"):
-        fit.run(cfg, log=lambda message: None)
+        fit_loop.run(cfg, log=lambda message: None)

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from train import monitor
+from train.measure import monitor
 
 
 class FakeNVMLError(Exception):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from train import augment, config, pipeline
+from train import config
+from train.input import augment, pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,10 +63,10 @@ def test_validation_reads_everything_in_order_without_dropping(tiny_spec):
 
 def test_naive_preset_really_has_no_prefetch(tiny_spec):
     naive = pipeline.build(tiny_spec.train_files, tiny_spec, knobs("naive"), training=True,
-                           num_examples=tiny_spec.num_train)
+                           num_examples=tiny_spec.num_train, batch_size=32)
     assert naive.options().experimental_optimization.inject_prefetch is False
     optimized = pipeline.build(tiny_spec.train_files, tiny_spec, knobs("optimized"), training=True,
-                               num_examples=tiny_spec.num_train)
+                               num_examples=tiny_spec.num_train, batch_size=32)
     assert optimized.options().threading.max_intra_op_parallelism == 1
 
 
@@ -154,7 +155,7 @@ def test_the_optimized_pipeline_yields_plain_images_and_caches_mirrors(tiny_spec
     knob = knobs("optimized")
     train_mb = pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train)
     assert train_mb == 2 * pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train, training=False)
-    assert "mirror -> cache" in pipeline.describe(knob, tiny_spec, tiny_spec.num_train)
+    assert "mirror -> cache" in pipeline.describe(knob, tiny_spec, tiny_spec.num_train, 8)
     images, _ = next(iter(pipeline.build(tiny_spec.train_files, tiny_spec, knob, training=True,
                                          num_examples=tiny_spec.num_train, batch_size=8)))
     assert images.shape == (8, *tiny_spec.image_shape)

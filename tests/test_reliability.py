@@ -17,7 +17,9 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import ROOT, TINY_DATA, data_sets
-from train import checkpoint, config, datasets, fit, guards, models, records
+from train import config, models, sources
+from train.input import records
+from train.training import checkpoint, fit_loop, guards
 from train.errors import UserError
 
 QUICK = ["train.epochs=4", "pipeline.batch_size=16", "profile.enabled=false", "monitor.interval_s=0.05",
@@ -81,18 +83,18 @@ def test_kill_9_then_rerun_resumes_and_ends_where_an_uninterrupted_run_ends(tiny
 def test_fresh_starts_over_and_another_config_is_not_mixed_in(tiny_sets, tmp_path):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["train.epochs=2"])
     saver_dir = cfg.run_dir
-    fit.run(cfg, log=lambda message: None)
+    fit_loop.run(cfg, log=lambda message: None)
     (saver_dir / "summary.json").unlink()  # as if the run had died after its last checkpoint
     other = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["train.epochs=3"])
     with pytest.raises(UserError, match=r"unfinished run .* different config .*train.epochs.*--fresh"):
-        fit.run(other, log=lambda message: None)
-    summary = fit.run(other, log=lambda message: None, fresh=True)
+        fit_loop.run(other, log=lambda message: None)
+    summary = fit_loop.run(other, log=lambda message: None, fresh=True)
     assert summary["resumed_from"] is None and len(summary["history"]["loss"]) == 3
 
 
 def test_checkpoints_are_written_atomically_and_partial_ones_are_ignored(tiny_sets):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["checkpoint.keep=2"])
-    fit.run(cfg, log=lambda message: None)
+    fit_loop.run(cfg, log=lambda message: None)
     complete = checkpoint.list_checkpoints(cfg.run_dir)
     assert len(complete) == 2  # the newest two of four epochs
     half = cfg.run_dir / "checkpoints" / "step-99999999.tmp"
@@ -109,7 +111,7 @@ def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(t
     sets = [f"data.data_dir={tmp_path}", "data.num_train=4000", "data.num_val=500", "data.num_shards=4"]
     command = [sys.executable, "-m", "train", "data", "--config", "configs/base.yaml",
                *[arg for item in sets for arg in ("--set", item)]]
-    target = datasets.SOURCES["synthetic"].dataset_dir(config.load(ROOT / "configs/base.yaml", sets).data, "")
+    target = sources.SOURCES["synthetic"].dataset_dir(config.load(ROOT / "configs/base.yaml", sets).data, "")
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -126,16 +128,16 @@ def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(t
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Removed the leftovers of an interrupted build" in result.stdout
     assert not list(target.parent.glob("incomplete.*"))
-    spec = datasets.locate(config.load(ROOT / "configs/base.yaml", sets).data)
+    spec = sources.locate(config.load(ROOT / "configs/base.yaml", sets).data)
     assert spec.num_train == 4000
 
 
 # --- damaged data ---------------------------------------------------------------------------
 
-def copy_dataset(tiny_data_dir: Path, tmp_path: Path) -> tuple[Path, datasets.DatasetSpec]:
+def copy_dataset(tiny_data_dir: Path, tmp_path: Path) -> tuple[Path, sources.DatasetSpec]:
     copy = tmp_path / "data"
     shutil.copytree(tiny_data_dir, copy)
-    spec = datasets.locate(config.load(ROOT / "configs/base.yaml", data_sets(copy)).data)
+    spec = sources.locate(config.load(ROOT / "configs/base.yaml", data_sets(copy)).data)
     return copy, spec
 
 
@@ -173,7 +175,7 @@ def test_damaged_shard_stops_the_run_naming_shard_and_record(tiny_data_dir, tmp_
     victim = damage(shard, kind)
     cfg = config.load(ROOT / f"configs/{preset}.yaml", data_sets(copy) + QUICK + [f"runs_dir={tmp_path / 'runs'}"])
     with pytest.raises(UserError) as error:
-        fit.run(cfg, log=lambda message: None, build_hint="make data")
+        fit_loop.run(cfg, log=lambda message: None, build_hint="make data")
     message = str(error.value)
     assert f"{Path(shard).name} record {victim}" in message
     assert "Rebuild it" in message and "skip_corrupt=true" in message
@@ -188,7 +190,7 @@ def test_skip_corrupt_trains_on_the_rest_and_counts_what_it_skipped(tiny_data_di
     damage(spec.val_files[3], "truncated")
     cfg = config.load(ROOT / f"configs/{preset}.yaml",
                       data_sets(copy) + QUICK + [f"runs_dir={tmp_path / 'runs'}", "pipeline.skip_corrupt=true"])
-    summary = fit.run(cfg, log=lambda message: None)
+    summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["skipped_records"] == 3
     assert all("record 5" in detail for detail in summary["skipped_record_details"])
     tags = set()
@@ -235,7 +237,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_sets):
     cfg = config.load(ROOT / "configs/optimized.yaml",
                       tiny_sets + QUICK + ["model.name=nan_after_test", "model.steps=10"])
     with pytest.raises(UserError, match=r"loss became nan at step 11 .*last good checkpoint is kept at") as error:
-        fit.run(cfg, log=lambda message: None)
+        fit_loop.run(cfg, log=lambda message: None)
     assert "--fresh" in str(error.value)
     folder, state = checkpoint.latest(cfg.run_dir)
     assert state["global_step"] == 8  # the end of epoch 1; epoch 2 went bad at step 11
@@ -247,20 +249,20 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_sets):
 
 def test_out_of_memory_suggests_the_largest_batch_that_fit(tiny_sets, tmp_path, monkeypatch):
     """GPU memory is the hardware this machine lacks: the allocator's error is raised in its place."""
-    sweep_file = tmp_path / "sweep.json"
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["pipeline.batch_size=96"])
+    sweep_file = guards.sweep_file(cfg.runs_dir)  # where `make sweep-batch` writes, under this config's runs_dir
+    sweep_file.parent.mkdir(parents=True)
     sweep_file.write_text(json.dumps({"largest_batch_that_fit": 64}))
-    monkeypatch.setattr(guards, "SWEEP_FILE", sweep_file)
 
     def exhausted(*args, **kwargs):
         raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[512,64,64,32]")
 
     monkeypatch.setattr(keras.Model, "fit", exhausted)
-    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["pipeline.batch_size=96"])
     with pytest.raises(UserError, match=r"Out of memory at pipeline.batch_size=96 .*fit up to 64 .*batch_size=64"):
-        fit.run(cfg, log=lambda message: None)
-    monkeypatch.setattr(guards, "SWEEP_FILE", tmp_path / "none.json")
+        fit_loop.run(cfg, log=lambda message: None)
+    sweep_file.unlink()
     with pytest.raises(UserError, match=r"make sweep-batch.*batch_size=48"):
-        fit.run(cfg, log=lambda message: None)
+        fit_loop.run(cfg, log=lambda message: None)
 
 
 def test_tiny_data_constants_match_the_fixture():
@@ -270,9 +272,9 @@ def test_tiny_data_constants_match_the_fixture():
 def test_a_damaged_shard_is_caught_before_the_previous_run_is_touched(tiny_data_dir, tmp_path):
     copy, spec = copy_dataset(tiny_data_dir, tmp_path)
     cfg = config.load(ROOT / "configs/optimized.yaml", data_sets(copy) + QUICK + [f"runs_dir={tmp_path / 'runs'}"])
-    fit.run(cfg, log=lambda message: None)
+    fit_loop.run(cfg, log=lambda message: None)
     before = (cfg.run_dir / "summary.json").read_text()
     damage(spec.val_files[0], "truncated")
     with pytest.raises(UserError, match=r"record 5: truncated"):
-        fit.run(cfg, log=lambda message: None)
+        fit_loop.run(cfg, log=lambda message: None)
     assert (cfg.run_dir / "summary.json").read_text() == before and (cfg.run_dir / "model.keras").exists()

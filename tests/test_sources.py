@@ -9,7 +9,9 @@ import pytest
 from PIL import Image
 
 from tests.conftest import ROOT, run_cli
-from train import config, convert, datasets, fit, models
+from train import config, models, sources
+from train.input import convert
+from train.training import fit_loop
 
 QUICK = ["train.epochs=2", "pipeline.batch_size=8", "pipeline.shuffle_buffer=64", "profile.enabled=false",
          "monitor.interval_s=0.05", "model.name=tiny", "model.width=4"]
@@ -43,10 +45,10 @@ def test_an_image_folder_becomes_shards_and_trains_with_the_optimized_preset(tmp
     assert "Built: imagefolder_my_images" in result.stdout and "3 classes" in result.stdout
     assert "Skipped 1 unreadable image(s)" in result.stdout
     cfg = config.load(ROOT / "configs/optimized.yaml", sets + QUICK)
-    spec = datasets.locate(cfg.data)
+    spec = sources.locate(cfg.data)
     assert spec.class_names == ("blue", "green", "red") and spec.image_shape == (32, 32, 3)
     assert spec.num_train + spec.num_val == 48 and spec.num_val > 0
-    summary = fit.run(cfg, log=lambda message: None)
+    summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["dataset"]["num_classes"] == 3 and summary["examples_per_sec"] > 0
     again = run_cli("data", "--config", "configs/optimized.yaml", *[a for s in sets for a in ("--set", s)])
     assert "Already built" in again.stdout
@@ -55,13 +57,14 @@ def test_an_image_folder_becomes_shards_and_trains_with_the_optimized_preset(tmp
 def test_both_presets_read_a_converted_folder_identically(tmp_path):
     folder = make_image_folder(tmp_path / "imgs", per_class=8)
     cfg = config.load(ROOT / "configs/optimized.yaml", source_sets(tmp_path, f"imagefolder:{folder}"))
-    spec, built = datasets.prepare(cfg.data)
+    spec, built = sources.prepare(cfg.data)
     assert built
     from train import pipeline
 
     def examples(preset):
         knobs = config.load(ROOT / f"configs/{preset}.yaml", source_sets(tmp_path, f"imagefolder:{folder}")).pipeline
-        dataset = pipeline.build(spec.val_files, spec, knobs, training=False, num_examples=spec.num_val)
+        dataset = pipeline.build(spec.val_files, spec, knobs, training=False, num_examples=spec.num_val,
+                                 batch_size=knobs.batch_size)
         return sorted((int(l), i.tobytes()) for images, labels in dataset for i, l in zip(images.numpy(),
                                                                                        labels.numpy()))
 
@@ -71,13 +74,13 @@ def test_both_presets_read_a_converted_folder_identically(tmp_path):
 def test_folder_conversion_resumes_with_the_finished_shards(tmp_path):
     folder = make_image_folder(tmp_path / "imgs", per_class=8)
     data = config.load(ROOT / "configs/base.yaml", source_sets(tmp_path, f"imagefolder:{folder}")).data
-    target = datasets.SOURCES["imagefolder"].dataset_dir(data, str(folder))
-    listing = datasets.imagefolder_listing(str(folder), data.val_fraction)
+    target = sources.SOURCES["imagefolder"].dataset_dir(data, str(folder))
+    listing = sources.imagefolder_listing(str(folder), data.val_fraction)
     writer = convert.DatasetWriter(target, "imagefolder_imgs")
     convert.convert_files(writer, "train", listing["splits"]["train"], 32, 2)  # ... and then the power went out
     finished = {p: p.stat().st_mtime_ns for p in writer.staging.glob("*train*")}
     assert len(finished) == 2 and not target.exists()
-    spec, built = datasets.prepare(data)
+    spec, built = sources.prepare(data)
     assert built and spec.num_train == sum(1 for _ in listing["splits"]["train"]) - 1  # minus broken.jpg or not
     assert not writer.staging.exists()
     assert all((target / p.name).stat().st_mtime_ns == mtime for p, mtime in finished.items())
@@ -87,13 +90,13 @@ def test_a_tfds_dataset_by_name_works_offline(tmp_path):
     import tensorflow_datasets as tfds
 
     cfg = config.load(ROOT / "configs/optimized.yaml", source_sets(tmp_path, "tfds:cifar10") + QUICK)
-    source = datasets.SOURCES["tfds"]
+    source = sources.SOURCES["tfds"]
     with tfds.testing.mock_data(num_examples=48):  # random examples instead of the download
         source.prepare(cfg.data, "cifar10", source.dataset_dir(cfg.data, "cifar10"))
-    spec = datasets.locate(cfg.data)
+    spec = sources.locate(cfg.data)
     assert spec.num_train == 48 and spec.num_val == 48 and spec.num_classes == 10
     assert spec.image_shape == (32, 32, 3)
-    summary = fit.run(cfg, log=lambda message: None)
+    summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["dataset"]["num_classes"] == 10
 
 
@@ -110,14 +113,14 @@ def test_a_model_registered_by_the_forker_trains_by_name(tiny_sets):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK[:5] + ["model.name=forker_mlp",
                                                                                  "model.hidden=16"])
     assert cfg.model.params == {"hidden": 16}
-    summary = fit.run(cfg, log=lambda message: None)
+    summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["model"] == "forker_mlp" and summary["val_accuracy"] is not None
 
 
 def test_a_keras_applications_model_trains_on_the_tiny_dataset(tiny_sets):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK[:5] + ["train.epochs=1",
                                                                                  "model.name=mobilenet_v3_small"])
-    summary = fit.run(cfg, log=lambda message: None)
+    summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["parameters"] > 100_000
 
 

@@ -26,7 +26,7 @@ class DataConfig:
     """Where the examples come from; the dataset is built once into sharded TFRecords."""
 
     source: str = "synthetic"  # synthetic | tfds:NAME | imagefolder:PATH
-    data_dir: str = "data/build"  # where built datasets live (git-ignored)
+    data_dir: str = "shards"  # where built datasets live (git-ignored)
     image_size: int = 64  # height = width of the images fed to the model
     num_train: int = 10_000  # synthetic source only
     num_val: int = 2_000  # synthetic source only
@@ -39,7 +39,7 @@ class DataConfig:
 
 @dataclass
 class PipelineConfig:
-    """Every knob of the one input-pipeline builder (train/pipeline.py)."""
+    """Every knob of the one input-pipeline builder (train/input/pipeline.py)."""
 
     reader: Literal["python", "tfrecord"] = "tfrecord"  # python: generator + PIL decode, one record at a time
     shuffle_files: bool = True  # shuffle the shard order every epoch
@@ -182,7 +182,7 @@ def _build(cls: type, values: dict, where: str, source: str) -> Any:
         dotted = f"{where}.{key}" if where else key
         if key not in fields:
             raise UserError(
-                f"{source}: unknown key '{dotted}'.{did_you_mean(key, fields)} "
+                f"{source}: unknown key '{dotted}'.{_suggest(cls, key, where, fields)} "
                 f"Valid keys{' under ' + repr(where) if where else ''}: {', '.join(fields)}. "
                 "Fix or remove the key and run again."
             )
@@ -199,6 +199,16 @@ def _build(cls: type, values: dict, where: str, source: str) -> Any:
             )
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _suggest(cls: type, key: str, where: str, fields: dict) -> str:
+    """' Did you mean ...?': a key of exactly one section when given bare, else the closest name here."""
+    if cls is Config:
+        sections = [name for name, tp in typing.get_type_hints(Config).items()
+                    if dataclasses.is_dataclass(tp) and key in {f.name for f in dataclasses.fields(tp)}]
+        if len(sections) == 1:
+            return f" Did you mean '{sections[0]}.{key}'?"
+    return did_you_mean(key, fields)
 
 
 def _example(tp: Any, f: dataclasses.Field) -> str:

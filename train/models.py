@@ -1,4 +1,8 @@
-"""Models by name. Add yours with `@register_model("name")` (see README, "Make it yours").
+"""Models by name, and what trains them: loss, optimizer, metrics (see README, "Make it yours").
+
+Add a model with `@register_model("name")`. Change the loss, optimizer or metrics in the
+three functions below: both training loops (Keras `fit` and the multi-worker custom loop)
+use them and nothing else.
 
 A model builder takes `input_shape` and `num_classes` (both from the dataset's metadata)
 plus keyword parameters with defaults; those parameters are what a config may set under
@@ -58,6 +62,27 @@ def resolve_params(name: str, params: dict, source: str = "config") -> dict:
             )
         resolved[key] = value
     return resolved
+
+
+def loss():
+    """The training loss. Models end in float32 logits (even under mixed precision)."""
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def optimizer(learning_rate):
+    """The optimizer, given the (scheduled) learning rate that the run set-up derives."""
+    import keras
+
+    return keras.optimizers.Adam(learning_rate)
+
+
+def metrics() -> list:
+    """Metrics reported besides the loss, by name in history, TensorBoard and summary.json."""
+    import keras
+
+    return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, params: dict):

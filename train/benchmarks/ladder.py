@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import gc
 import json
-import shutil
 import statistics
 from pathlib import Path
 
 import yaml
 
-from train import compare, datasets, devices, fit, trials
-from train import config as config_lib
+from train import files
+from train.benchmarks import scenario as scenario_lib
+from train.benchmarks import trials
 from train.errors import UserError
 
 RUNG_KEYS = {"name", "why", "set", "keep", "needs_devices"}
@@ -54,31 +54,22 @@ def _hparams(cfg) -> dict:
 
 
 def main(args) -> int:
-    ladder_path = Path(args.ladder)
+    ladder_path = files.project_file(args.ladder)
     ladder = load_ladder(ladder_path)
-    scenario, why = compare.resolve_scenario(args.scenario)
-    overlays = [scenario] if scenario else []
+    scenario = scenario_lib.resolve(args.scenario)
     start = ladder_path.parent / ladder["start"]
-    base_overrides = list(args.overrides)
 
     def config_for(name: str, kept: list[str]):
-        return config_lib.load(start, base_overrides + kept, layers=overlays, name=name)
+        return scenario.load(start, list(args.overrides) + kept, name=name)
 
     # Every rung's config is validated before anything runs.
-    cumulative: list[str] = []
-    for rung in ladder["rungs"]:
-        config_for(rung["name"], cumulative + _overrides(rung["set"]))
-        cumulative += _overrides(rung["set"])
-
-    print(why + ".", flush=True)
     first = config_for("naive", [])
-    spec, _ = datasets.prepare(first.data)
-    found = devices.detect()
-    device_count = max(1, len(found.gpus))
+    configs, cumulative = [first], []
+    for rung in ladder["rungs"]:
+        cumulative += _overrides(rung["set"])
+        configs.append(config_for(rung["name"], cumulative))
     out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    spec, found = scenario_lib.begin(scenario, configs, out, clean=True)
     print(f"Device: {found.describe()}. Each rung: {args.trials} paired trials of >= {args.seconds:g} s "
           "against the rung kept before it, after warm-up.", flush=True)
 
@@ -89,13 +80,14 @@ def main(args) -> int:
         row = {"rung": index, "name": rung["name"], "why": rung.get("why", ""), "set": rung["set"],
                "keep": rung.get("keep", "always")}
         needs = rung.get("needs_devices", 1)
+        candidate_cfg = config_for(rung["name"], kept + _overrides(rung["set"]))
+        device_count = max(len(found.gpus), candidate_cfg.train.cpu_replicas if not found.gpus else 0, 1)
         if device_count < needs:
             row.update(skipped=f"needs {needs} devices, this machine has {device_count}", kept=False)
             print(f"[{index}] {rung['name']}: skipped ({row['skipped']})", flush=True)
             rows.append(row)
             continue
         print(f"[{index}] {rung['name']}: {row['why']}", flush=True)
-        candidate_cfg = config_for(rung["name"], kept + _overrides(rung["set"]))
         candidate = trials.prepare(rung["name"], candidate_cfg, spec, found)
         base.samples.clear()
         trials.interleaved([base, candidate], args.trials, args.seconds)
@@ -114,6 +106,8 @@ def main(args) -> int:
             jit_compile=candidate.choices.jit_compile,
             steps_per_execution=candidate.choices.steps_per_execution,
             batch_size=candidate.batch_size,
+            strategy=candidate.choices.strategy,
+            replicas=candidate.replicas,
             pipeline=candidate.description,
             hparams=_hparams(candidate.cfg),
         )
@@ -138,11 +132,11 @@ def main(args) -> int:
             running *= row["gain"]
         row["cumulative_speedup"] = running
 
-    result = {"device": found.describe(), "scenario": why, "ladder": str(ladder_path), "trials": args.trials,
+    result = {"device": found.describe(), "scenario": scenario.why, "ladder": str(ladder_path), "trials": args.trials,
               "trial_seconds": args.seconds, "naive_examples_per_sec": naive_rate, "rungs": rows,
               "final_speedup": running}
-    fit.write_json(out / "ladder.json", result)
-    (out / "ladder.md").write_text(markdown(result))
+    files.write_json(out / "ladder.json", result)
+    files.write_text(out / "ladder.md", markdown(result))
     chart(result, out / "ladder.png")
     write_hparams(out, result)
     print()
@@ -230,7 +224,7 @@ def chart(result: dict, path: Path) -> None:
     twin.set_ylabel("waiting for input, % of step time (profiler)")
     twin.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
 
 
@@ -242,7 +236,7 @@ def write_hparams(out: Path, result: dict) -> None:
     for row in result["rungs"]:
         if "hparams" not in row:
             continue
-        writer = tf.summary.create_file_writer(str(out / "tb" / f"{row['rung']:02d}_{row['name'].replace(' ', '_')}"))
+        writer = files.scalar_writer(out / "tb" / f"{row['rung']:02d}_{row['name'].replace(' ', '_')}")
         with writer.as_default():
             hp.hparams({**row["hparams"], "rung": row["name"]}, trial_id=f"{row['rung']:02d}")
             tf.summary.scalar("ladder/examples_per_sec", row["examples_per_sec"]["median"], step=row["rung"])

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import yaml
 
-from train import analysis
+from train.measure import analysis
 from train.errors import UserError
 
 HOW_TO_CAPTURE = (
     "Capture a profile with step markers: in this template every `python -m train fit` does it "
     "(profile.enabled). In your own Keras code wrap each step in "
     "tf.profiler.experimental.Trace('train', step_num=step, _r=1), opened in on_train_batch_begin and "
-    "closed in on_train_batch_end (see train/profiling.py), between tf.profiler.experimental.start(logdir) "
+    "closed in on_train_batch_end (see train/measure/profiling.py), between tf.profiler.experimental.start(logdir) "
     "and stop(). The stock Keras 3 TensorBoard(profile_batch=...) callback writes no step marker "
     "(openxla/xprof#578)."
 )

@@ -5,8 +5,9 @@ It reads only what runs wrote (their summary.json), so it works on runs made els
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from train import files
 
 FIELDS = (
     "examples_per_sec",
@@ -178,16 +179,11 @@ def chart(report: dict, path: Path) -> None:
 
     fig.suptitle(f"{report['device']} - model {report['model']}", fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    files.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
-    tmp.replace(path)
 
 
 def write(out_dir: Path, report: dict) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("report.json", json.dumps(report, indent=2) + "\n"), ("report.md", markdown(report))):
-        tmp = out_dir / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out_dir / name)
+    files.write_json(out_dir / "report.json", report)
+    files.write_text(out_dir / "report.md", markdown(report))
     chart(report, out_dir / "report.png")

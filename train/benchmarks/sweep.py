@@ -10,12 +10,12 @@ runs/sweep-batch/sweep.json, where an out-of-memory error in `fit` looks for it.
 from __future__ import annotations
 
 import gc
-import shutil
 from pathlib import Path
 
-from train import compare, datasets, devices, fit, trials
-from train import config as config_lib
-from train.monitor import Sampler
+from train import files
+from train.benchmarks import scenario as scenario_lib
+from train.benchmarks import trials
+from train.measure.monitor import Sampler
 
 def _is_oom(error: Exception) -> bool:
     import tensorflow as tf
@@ -24,16 +24,10 @@ def _is_oom(error: Exception) -> bool:
 
 
 def main(args) -> int:
-    scenario, why = compare.resolve_scenario(args.scenario)
-    overlays = [scenario] if scenario else []
-    base = config_lib.load(args.optimized, list(args.overrides), layers=overlays, name="sweep")
-    print(why + ".", flush=True)
-    spec, _ = datasets.prepare(base.data)
-    found = devices.detect()
+    scenario = scenario_lib.resolve(args.scenario)
+    base = scenario.load(args.optimized, args.overrides, name="sweep")
     out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    spec, found = scenario_lib.begin(scenario, [base], out, clean=True)
     sizes, size = [], args.min
     while size <= args.max:
         sizes.append(size)
@@ -46,8 +40,8 @@ def main(args) -> int:
         if batch > spec.num_train:
             stop_reason = f"batch {batch} is larger than the training split ({spec.num_train} examples)"
             break
-        cfg = config_lib.load(args.optimized, list(args.overrides) + [f"pipeline.batch_size={batch}"],
-                              layers=overlays, name=f"batch_{batch}")
+        cfg = scenario.load(args.optimized, list(args.overrides) + [f"pipeline.batch_size={batch}"],
+                            name=f"batch_{batch}")
         sampler = Sampler(interval_s=0.2)
         try:
             variant = trials.prepare(f"batch {batch}", cfg, spec, found)
@@ -83,10 +77,10 @@ def main(args) -> int:
 
     ok = [p for p in points if p["status"] == "ok"]
     best = max(ok, key=lambda p: p["examples_per_sec"]["median"]) if ok else None
-    result = {"device": found.describe(), "scenario": why, "model": base.model.name,
+    result = {"device": found.describe(), "scenario": scenario.why, "model": base.model.name,
               "image_shape": list(spec.image_shape), "points": points, "largest_batch_that_fit": largest,
               "stopped_because": stop_reason, "fastest_batch": best and best["batch_size"]}
-    fit.write_json(out / "sweep.json", result)
+    files.write_json(out / "sweep.json", result)
     chart(result, out / "sweep.png")
     write_tensorboard(out, ok)
     print(f"\nLargest batch that fit: {largest} ({stop_reason}); fastest: {result['fastest_batch']}.")
@@ -125,19 +119,12 @@ def chart(result: dict, path: Path) -> None:
     right.legend(fontsize=8)
     fig.suptitle(f"{result['device']} - model {result['model']}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
 
 
 def write_tensorboard(out: Path, points: list[dict]) -> None:
-    import tensorflow as tf
-
-    writer = tf.summary.create_file_writer(str(out / "tb"))
-    with writer.as_default():
-        for point in points:
-            step = point["batch_size"]
-            tf.summary.scalar("sweep/examples_per_sec", point["examples_per_sec"]["median"], step=step)
-            for key in ("input_bound_percent", "cpu_utilization_percent", "gpu_utilization_percent"):
-                if point[key] is not None:
-                    tf.summary.scalar(f"sweep/{key}", point[key], step=step)
-    writer.close()
+    keys = ("input_bound_percent", "cpu_utilization_percent", "gpu_utilization_percent")
+    files.write_scalars(out / "tb", [
+        (f"sweep/{key}", point["examples_per_sec"]["median"] if key == "examples_per_sec" else point[key],
+         point["batch_size"]) for point in points for key in ("examples_per_sec", *keys)])

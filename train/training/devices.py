@@ -15,6 +15,7 @@ import platform
 import tensorflow as tf
 
 from train.config import TrainConfig
+from train.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,26 @@ def detect() -> Devices:
 
 
 BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
+
+
+def split_cpu(replicas: int) -> None:
+    """Split the CPU into `replicas` logical devices, to mirror over them where there is no GPU.
+
+    TensorFlow fixes its devices when it first uses them: a process that mirrors over logical
+    CPUs calls this before anything else runs (the benchmarks do, for every variant at once).
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu) or [None]
+    if len(current) >= replicas:
+        return
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    except RuntimeError:
+        raise UserError(
+            f"train.cpu_replicas={replicas}: TensorFlow in this process already runs on {len(current)} CPU "
+            "device(s) and cannot split the CPU any more. Set train.cpu_replicas in the run's own config "
+            "(each run of `make compare` gets its own process), or mirror over GPUs."
+        ) from None
 
 
 def cpu_flags() -> set[str]:

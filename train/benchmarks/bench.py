@@ -13,8 +13,10 @@ import gc
 import statistics
 from pathlib import Path
 
-from train import compare, data_service, datasets, devices, fit, trials
-from train import config as config_lib
+from train import files
+from train.benchmarks import scenario as scenario_lib
+from train.benchmarks import trials
+from train.input import service
 
 
 def ratio(numerator: dict, denominator: dict) -> float | None:
@@ -25,14 +27,9 @@ def ratio(numerator: dict, denominator: dict) -> float | None:
 
 def write_tensorboard(out: Path, variants: list[trials.Variant]) -> None:
     """Every trial as a scalar, one TensorBoard run per variant (runs bench/tb/<variant>)."""
-    import tensorflow as tf
-
     for variant in variants:
-        writer = tf.summary.create_file_writer(str(out / "tb" / variant.name))
-        with writer.as_default():
-            for index, rate in enumerate(variant.samples):
-                tf.summary.scalar("bench/examples_per_sec", rate, step=index)
-        writer.close()
+        files.write_scalars(out / "tb" / variant.name,
+                            [("bench/examples_per_sec", rate, index) for index, rate in enumerate(variant.samples)])
 
 
 def _stats(variant: trials.Variant) -> dict:
@@ -56,14 +53,11 @@ def table(result: dict) -> str:
 
 
 def main(args) -> int:
-    scenario, why = compare.resolve_scenario(args.scenario)
-    overlays = [scenario] if scenario else []
+    scenario = scenario_lib.resolve(args.scenario)
     out = Path(args.out)
-    configs = {name: config_lib.load(path, list(args.overrides), layers=overlays, name=name)
+    configs = {name: scenario.load(path, args.overrides, name=name)
                for name, path in (("naive", args.naive), ("optimized", args.optimized))}
-    print(why + ".", flush=True)
-    spec, _ = datasets.prepare(configs["optimized"].data)
-    found = devices.detect()
+    spec, found = scenario_lib.begin(scenario, list(configs.values()), out)
     print(f"Device: {found.describe()}. {args.trials} interleaved trials of >= {args.seconds:g} s per variant, "
           "after warm-up.", flush=True)
     variants = [
@@ -88,11 +82,10 @@ def main(args) -> int:
         served, clusters = [local], []
         try:
             for workers in args.data_service_workers:
-                cluster = data_service.LocalCluster(workers)
+                cluster = service.LocalCluster(workers)
                 clusters.append(cluster)
-                cfg = config_lib.load(args.optimized,
-                                      list(args.overrides) + [f"pipeline.data_service={cluster.target}"],
-                                      layers=overlays, name=f"service_{workers}w")
+                cfg = scenario.load(args.optimized, list(args.overrides) + [f"pipeline.data_service={cluster.target}"],
+                                    name=f"service_{workers}w")
                 served.append(trials.prepare(f"service_{workers}w", cfg, spec, found))
             trials.interleaved(served, args.trials, args.seconds)
         finally:
@@ -108,7 +101,7 @@ def main(args) -> int:
         variants += served[1:]
     result = {
         "device": found.describe(),
-        "scenario": why,
+        "scenario": scenario.why,
         "model": configs["optimized"].model.name,
         "image_shape": list(spec.image_shape),
         "trials": args.trials,
@@ -120,8 +113,7 @@ def main(args) -> int:
         "efficiency_range": [min(efficiencies), max(efficiencies)],
         "data_service": service_ratios,  # median of per-round ratios service / local optimized
     }
-    out.mkdir(parents=True, exist_ok=True)
-    fit.write_json(out / "bench.json", result)
+    files.write_json(out / "bench.json", result)
     write_tensorboard(out, variants)
     print()
     print(table(result))

@@ -5,7 +5,7 @@
 
 A training config with `pipeline.data_service: grpc://HOST:5050` then runs reading,
 decoding, caching, shuffling, batching and augmenting on the workers and receives compact
-uint8 batches (see train/pipeline.py). `pipeline.data_service_mode` picks how workers
+uint8 batches (see train/input/pipeline.py). `pipeline.data_service_mode` picks how workers
 share the data: `parallel_epochs` (each worker produces the whole dataset) or
 `distributed_epoch` (the shards are split between workers, each example once per epoch).
 

@@ -27,9 +27,9 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from train import augment, records
 from train.config import PipelineConfig
-from train.datasets import DatasetSpec
+from train.input import augment, records
+from train.sources import DatasetSpec
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -170,16 +170,19 @@ def build(
     *,
     training: bool,
     num_examples: int,
+    batch_size: int,
     seed: int = 0,
-    batch_size: int | None = None,
     damaged: dict[str, list[bytes]] | None = None,
 ) -> tf.data.Dataset:
-    """The input pipeline for one split.
+    """The input pipeline for one split, in batches of `batch_size`.
 
+    `batch_size` is what one dataset element holds: the global batch for a single-process
+    run (a strategy splits it between replicas), the per-replica batch inside
+    `distribute_datasets_from_function`. The run set-up (training/setup.py) derives it from
+    the per-replica `pipeline.batch_size`; nothing here reads that knob.
     `training=False` reads every example once, unshuffled and without augmentation (in file
     order when `pipeline.deterministic`; the optimized preset hands out whichever is ready).
     """
-    batch_size = batch_size or knobs.batch_size
     if knobs.reader == "python":
         dataset = _python_reader(files, spec, knobs, training, seed)
     else:
@@ -230,7 +233,7 @@ def steps_per_epoch(num_examples: int, batch_size: int, drop_remainder: bool) ->
     return max(1, steps)
 
 
-def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int) -> str:
+def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, batch_size: int) -> str:
     """One line naming the stages this preset turns on, for logs and reports."""
     if knobs.reader == "python":
         stages = ["python generator (PIL decode)"]
@@ -245,7 +248,7 @@ def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int) -> str
         stages.append(f"shuffle({knobs.shuffle_buffer})")
     if knobs.augment not in ("none", "batched"):
         stages.append(f"augment[{knobs.augment}]")
-    stages.append(f"batch({knobs.batch_size})")
+    stages.append(f"batch({batch_size})")
     if knobs.augment == "batched":
         stages.append("augment[batched]")
     if knobs.data_service:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from train import analysis, devices, fit, pipeline
 from train.config import Config
-from train.datasets import DatasetSpec
+from train.input import pipeline
+from train.measure import analysis
+from train.sources import DatasetSpec
+from train.training import devices, setup
 
 
 @dataclasses.dataclass
@@ -29,9 +31,13 @@ class Variant:
     choices: devices.Choices
     model: object
     iterator: object
-    batch_size: int
+    batch_size: int  # the global batch: examples per step over every replica
     description: str
     samples: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def replicas(self) -> int:
+        return self.model.distribute_strategy.num_replicas_in_sync
 
     @property
     def steps_per_call(self) -> int:
@@ -89,29 +95,35 @@ def summarize(samples: list[float]) -> dict:
 
 def prepare(name: str, cfg: Config, spec: DatasetSpec, found: devices.Devices, *, ceiling: bool = False,
             warmup_seconds: float = 2.0, log: Callable[[str], None] = print) -> Variant:
-    """Build, compile and warm up one variant.
+    """Set up (as a run is: training/setup.py), compile and warm up one variant.
 
     Warm-up runs at least one full epoch when the pipeline caches (the cache fills there) and
     at least `warmup_seconds`, so tracing, compilation and autotuning are all behind it.
     `ceiling=True` feeds the model one batch of real examples repeated from memory: the
-    same model with zero input cost.
+    same model with zero input cost. A config with several replicas (train.strategy: mirrored)
+    really runs on them: the batches are distributed like `model.fit` distributes them.
     """
-    choices = devices.resolve(cfg.train, found)
-    cfg = fit.resolved_config(cfg, choices)
-    fit.check_batch_size(cfg, spec)
+    cfg, choices = setup.resolve(cfg, found)
+    strategy = setup.make_strategy(cfg)
+    replicas = strategy.num_replicas_in_sync
+    setup.check_batch_size(cfg, spec, replicas)
     knobs = cfg.pipeline
+    batch_size = knobs.batch_size * replicas
     dataset = pipeline.build(spec.train_files, spec, knobs, training=True, num_examples=spec.num_train,
-                             seed=cfg.train.seed)
+                             batch_size=batch_size, seed=cfg.train.seed)
     if ceiling:
         batch = next(iter(dataset))
         dataset = tf.data.Dataset.from_tensors(batch).repeat().prefetch(2)
-        description = f"one cached batch of {knobs.batch_size} repeated (zero input cost)"
+        description = f"one cached batch of {batch_size} repeated (zero input cost)"
     else:
-        description = pipeline.describe(knobs, spec, spec.num_train)
-    model = fit.build_model(cfg, spec, choices)
+        description = pipeline.describe(knobs, spec, spec.num_train, batch_size)
+    if replicas > 1:
+        dataset = strategy.experimental_distribute_dataset(dataset)
+        description += f" over {replicas} replicas"
+    model = setup.build_model(cfg, spec, choices, strategy)
     model.make_train_function()
-    variant = Variant(name, cfg, choices, model, iter(dataset), knobs.batch_size, description)
-    epoch_calls = -(-pipeline.steps_per_epoch(spec.num_train, knobs.batch_size, knobs.drop_remainder)
+    variant = Variant(name, cfg, choices, model, iter(dataset), batch_size, description)
+    epoch_calls = -(-pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder)
                     // choices.steps_per_execution)
     caches = pipeline.cache_enabled(knobs, spec, spec.num_train) and not ceiling
     started = time.perf_counter()

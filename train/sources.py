@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from train import files
 from train.config import DataConfig
 from train.errors import UserError, did_you_mean
 
@@ -72,10 +73,19 @@ def _split_source(source: str) -> tuple[str, Source, str]:
     return scheme, SOURCES[scheme], argument
 
 
-def _synthetic_config(data: DataConfig):
-    from data.synthetic_shapes import config_for
+def _builtin(package: str):
+    """A dataset package of the project's data/ folder, importable from any working directory."""
+    import importlib
+    import sys
 
-    return config_for(data.image_size, data.num_train, data.num_val, data.num_shards)
+    root = str(files.PROJECT_ROOT)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(f"data.{package}")
+
+
+def _synthetic_config(data: DataConfig):
+    return _builtin("synthetic_shapes").config_for(data.image_size, data.num_train, data.num_val, data.num_shards)
 
 
 def _synthetic_dir(data: DataConfig, argument: str) -> Path:
@@ -85,9 +95,7 @@ def _synthetic_dir(data: DataConfig, argument: str) -> Path:
 def _synthetic_prepare(data: DataConfig, argument: str, target: Path) -> None:
     import tensorflow_datasets as tfds
 
-    from data.synthetic_shapes import Builder
-
-    builder = Builder(config=_synthetic_config(data), data_dir=data.data_dir)
+    builder = _builtin("synthetic_shapes").Builder(config=_synthetic_config(data), data_dir=data.data_dir)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=data.num_shards))
 
 
@@ -174,7 +182,7 @@ def _imagefolder_dir(data: DataConfig, argument: str) -> Path:
 
 
 def _imagefolder_prepare(data: DataConfig, argument: str, target: Path) -> None:
-    from train import convert
+    from train.input import convert
 
     listing = imagefolder_listing(argument, data.val_fraction)
     # Prefixed, so a folder named like a TFDS catalog dataset (mnist, ...) is never taken for it.
@@ -217,7 +225,7 @@ def _tfds_dir(data: DataConfig, argument: str) -> Path:
 def _tfds_prepare(data: DataConfig, argument: str, target: Path) -> None:
     import tensorflow_datasets as tfds
 
-    from train import convert
+    from train.input import convert
 
     builder = tfds.builder(_tfds_name(argument), data_dir=str(Path(data.data_dir) / "tfds-downloads"))
     builder.download_and_prepare()
@@ -288,7 +296,7 @@ def data_command(config_path: str | None, overlays: list[str] = (), overrides: l
     data_sets = [o for o in overrides if o.startswith("data.")]
     try:
         wanted = config_lib.load(config_path, data_sets, layers=overlays).data
-        if wanted == config_lib.load("configs/base.yaml").data:
+        if wanted == config_lib.load(files.project_file("configs/base.yaml")).data:
             return "make data"
     except UserError:
         pass

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import keras
 import tensorflow as tf
 
+from train.measure.steps import StepCallback
 
-class StepTraceProfiler(keras.callbacks.Callback):
+
+class StepTraceProfiler(StepCallback):
     """Profile `num_steps` marked steps from `start_step` on into `logdir/plugins/profile`.
 
     With steps_per_execution = N a marked "step" is one execution of N steps. xprof leaves
@@ -28,12 +29,11 @@ class StepTraceProfiler(keras.callbacks.Callback):
         self.logdir = str(logdir)
         self.start_step = start_step
         self.num_steps = num_steps
-        self.step = 0
         self.traced = 0
         self._state = "waiting"  # waiting -> active -> done
         self._trace = None
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def step_begin(self):
         # Starting and stopping the profiler happen here, before StepTimer reads its clock.
         if self._state == "active" and self.traced >= self.num_steps + 2:
             self._stop()
@@ -43,15 +43,12 @@ class StepTraceProfiler(keras.callbacks.Callback):
         if self._state == "active":
             self._trace = tf.profiler.experimental.Trace("train", step_num=self.step, _r=1)
             self._trace.__enter__()
-        self._first_batch = batch
 
-    def on_train_batch_end(self, batch, logs=None):
-        steps = batch - self._first_batch + 1
+    def step_end(self, steps, logs):
         if self._trace is not None:
             self._trace.__exit__(None, None, None)
             self._trace = None
             self.traced += 1
-        self.step += steps
 
     def on_train_end(self, logs=None):
         if self._state == "active":

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import keras
 
+from train.measure.steps import StepCallback
+
 STATE = "state.json"
 WEIGHTS = "state.weights.h5"
 
@@ -65,61 +67,58 @@ def latest(run_dir: Path) -> tuple[Path, dict] | None:
     return None
 
 
-def restore(model: keras.Model, folder: Path) -> None:
+def restore(model: keras.Model, folder: str | Path) -> None:
+    folder = Path(folder)
     if model.optimizer is not None and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     model.load_weights(folder / WEIGHTS)
 
 
-class Checkpointer(keras.callbacks.Callback):
+class Checkpointer(StepCallback):
     """Saves every `every_epochs` epochs and, when `every_steps` > 0, every that many steps.
 
-    A NaN guard (train/guards.py) placed before it in the callback list marks the model
-    with `stop_training`; nothing is saved from then on, so the last checkpoint stays good.
+    It must come after the NaN guard in the callback list (fit_loop.callbacks orders them):
+    the guard marks the model with `stop_training`, nothing is saved from then on, and the last
+    checkpoint stays good.
     """
 
     def __init__(self, run_dir: Path, steps_per_epoch: int, every_epochs: int, every_steps: int, keep: int,
                  start_global_step: int = 0, history: dict | None = None):
-        super().__init__()
+        super().__init__(start_global_step)
         self.root = checkpoint_dir(run_dir)
         self.steps_per_epoch = steps_per_epoch
         self.every_epochs = every_epochs
         self.every_steps = every_steps
         self.keep = keep
-        self.global_step = start_global_step
         self.history = {k: list(v) for k, v in (history or {}).items()}
         self.halted = False
         self._since_save = 0
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self._first_batch = batch
-
-    def on_train_batch_end(self, batch, logs=None):
-        steps = batch - self._first_batch + 1
-        self.global_step += steps
+    def step_end(self, steps, logs):
         self._since_save += steps
         if self.halted or self.model.stop_training:
             return
-        step_in_epoch = self.global_step % self.steps_per_epoch
-        if self.every_steps and self._since_save >= self.every_steps and step_in_epoch:
-            self.save(epoch=self.global_step // self.steps_per_epoch, step_in_epoch=step_in_epoch)
+        done = self.step + steps
+        if self.every_steps and self._since_save >= self.every_steps and done % self.steps_per_epoch:
+            self.save(done)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.halted or self.model.stop_training:
             return
         for key, value in (logs or {}).items():
             self.history.setdefault(key, []).append(float(value))
-        epochs_done = self.global_step // self.steps_per_epoch
-        if epochs_done % self.every_epochs == 0:
-            self.save(epoch=epochs_done, step_in_epoch=0)
+        if (self.step // self.steps_per_epoch) % self.every_epochs == 0:
+            self.save(self.step)
 
-    def save(self, epoch: int, step_in_epoch: int) -> Path:
-        final = self.root / f"step-{self.global_step:08d}"
-        tmp = self.root / f"step-{self.global_step:08d}.tmp"
+    def save(self, global_step: int) -> Path:
+        """A checkpoint of the model after `global_step` steps."""
+        epoch, step_in_epoch = divmod(global_step, self.steps_per_epoch)
+        final = self.root / f"step-{global_step:08d}"
+        tmp = self.root / f"step-{global_step:08d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.model.save_weights(tmp / WEIGHTS)
-        state = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": self.global_step,
+        state = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
                  "history": self.history}
         (tmp / STATE).write_text(json.dumps(state, indent=1))
         _fsync_tree(tmp)

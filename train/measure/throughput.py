@@ -10,46 +10,40 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import keras
 import tensorflow as tf
 
+from train import files
+from train.measure.steps import StepCallback
 
-class StepTimer(keras.callbacks.Callback):
+
+class StepTimer(StepCallback):
     """Times every training execution; writes examples/s and step time per epoch to TensorBoard."""
 
-    def __init__(self, batch_size: int, warmup_steps: int, logdir: Path | None = None):
+    def __init__(self, global_batch: int, warmup_steps: int, logdir: Path | None = None):
         super().__init__()
-        self.batch_size = batch_size
+        self.batch_size = global_batch
         self.warmup_steps = warmup_steps
         self.logdir = logdir
-        self.step = 0
         self.records: list[tuple[int, int, float]] = []  # (epoch, steps, seconds) after warm-up
         self.warmup_records: list[tuple[int, int, float]] = []
         self.steady_since: float | None = None  # wall-clock time when warm-up ended
-        self._epoch = 0
         self._writer = None
 
     def on_train_begin(self, logs=None):
         if self.logdir is not None:
-            self._writer = tf.summary.create_file_writer(str(self.logdir), filename_suffix=".throughput")
+            self._writer = files.scalar_writer(self.logdir, ".throughput")
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._first_batch = batch
+    def step_begin(self):
         self._started = time.perf_counter()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def step_end(self, steps, logs):
         seconds = time.perf_counter() - self._started
-        steps = batch - self._first_batch + 1
         if self.step >= self.warmup_steps:
             if self.steady_since is None:
                 self.steady_since = time.time() - seconds
-            self.records.append((self._epoch, steps, seconds))
+            self.records.append((self.epoch, steps, seconds))
         else:
-            self.warmup_records.append((self._epoch, steps, seconds))
-        self.step += steps
+            self.warmup_records.append((self.epoch, steps, seconds))
 
     def on_epoch_end(self, epoch, logs=None):
         rows = [r for r in self.records if r[0] == epoch] or [r for r in self.warmup_records if r[0] == epoch]

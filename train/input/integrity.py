@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from train import records
-from train.datasets import DatasetSpec
+from train.input import records
+from train.sources import DatasetSpec
 
 
 @dataclasses.dataclass
@@ -35,7 +35,7 @@ class ShardScan:
 def scan_shard(path: str, spec: DatasetSpec) -> ShardScan:
     import tensorflow as tf
 
-    from train.pipeline import decode_image
+    from train.input.pipeline import decode_image
 
     good, problems = [], []
     for index, item in records.read_records(path):

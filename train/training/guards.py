@@ -13,32 +13,24 @@ from pathlib import Path
 import keras
 
 from train.errors import UserError
+from train.measure.steps import StepCallback
 
 
-class NanGuard(keras.callbacks.Callback):
+class NanGuard(StepCallback):
     """Stops training at the first step whose loss is NaN or infinite.
 
     It sets `model.stop_training`, which the Checkpointer (after it in the callback list)
     honours by saving nothing more, so the last checkpoint is the last good state.
     """
 
-    def __init__(self):
-        super().__init__()
-        self.global_step = 0
+    def __init__(self, start_step: int = 0):
+        super().__init__(start_step)
         self.tripped: dict | None = None
-        self._epoch = 0
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._first_batch = batch
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.global_step += batch - self._first_batch + 1
-        loss = (logs or {}).get("loss")
+    def step_end(self, steps, logs):
+        loss = logs.get("loss")
         if loss is not None and self.tripped is None and not math.isfinite(float(loss)):
-            self.tripped = {"epoch": self._epoch, "global_step": self.global_step, "loss": float(loss)}
+            self.tripped = {"epoch": self.epoch, "global_step": self.step + steps, "loss": float(loss)}
             self.model.stop_training = True
 
 
@@ -53,21 +45,25 @@ def nan_error(tripped: dict, last_checkpoint: str | None, learning_rate: float) 
     )
 
 
-SWEEP_FILE = Path("runs/sweep-batch/sweep.json")  # written by `make sweep-batch`
+def sweep_file(runs_dir: str | Path) -> Path:
+    """Where `make sweep-batch` writes its result (its default --out under runs_dir)."""
+    return Path(runs_dir) / "sweep-batch" / "sweep.json"
 
 
-def largest_batch_that_fit(path: Path | None = None) -> int | None:
+def largest_batch_that_fit(path: Path) -> int | None:
     """From the last batch-size sweep on this machine, or None when there is none."""
     try:
-        return json.loads((path or SWEEP_FILE).read_text()).get("largest_batch_that_fit")
+        return json.loads(Path(path).read_text()).get("largest_batch_that_fit")
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def oom_error(batch_size: int, device: str, largest_that_fit: int | None) -> UserError:
+def oom_error(batch_size: int, device: str, runs_dir: str | Path) -> UserError:
+    path = sweep_file(runs_dir)
+    largest_that_fit = largest_batch_that_fit(path)
     if largest_that_fit:
-        hint = (f"The last batch-size sweep on this machine fit up to {largest_that_fit} "
-                f"(runs/sweep-batch/sweep.json): rerun with --set pipeline.batch_size={largest_that_fit}.")
+        hint = (f"The last batch-size sweep on this machine fit up to {largest_that_fit} per replica "
+                f"({path}): rerun with --set pipeline.batch_size={largest_that_fit}.")
     else:
         hint = ("Run `make sweep-batch` to find the largest batch that fits, or halve it: "
                 f"--set pipeline.batch_size={max(1, batch_size // 2)}.")

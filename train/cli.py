@@ -1,0 +1,216 @@
+"""Command line: `python -m train <command> ...` or `gpu-template <command> ...` (--help lists them)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from train.errors import RunFailed, UserError
+
+# TensorFlow's C++ start-up chatter (CPU feature notes, absl's pre-init warning) buries the
+# one line that matters; a user who wants it sets TF_CPP_MIN_LOG_LEVEL themselves.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def _config_args(parser: argparse.ArgumentParser, default: str | None = "configs/optimized.yaml") -> None:
+    parser.add_argument("--config", default=default, help="preset YAML (default: %(default)s)")
+    parser.add_argument("--overlay", action="append", default=[], metavar="YAML",
+                        help="partial preset merged over --config (repeatable), e.g. configs/scenarios/cpu.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one key, e.g. --set pipeline.batch_size=64 (repeatable)")
+
+
+def _scenario_args(parser: argparse.ArgumentParser, out: str) -> None:
+    """Options shared by the commands that run naive and optimized side by side."""
+    parser.add_argument("--naive", default="configs/naive.yaml")
+    parser.add_argument("--optimized", default="configs/optimized.yaml")
+    parser.add_argument("--scenario", default="auto",
+                        help="overlay for every variant: auto (the CPU scenario when no GPU is found), none, or a YAML")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override applied to every variant (repeatable), e.g. --set model.width=32")
+    parser.add_argument("--out", default=out, help="output folder (default: %(default)s)")
+
+
+def _load(args):
+    from train import config, files
+
+    return config.load(files.project_file(args.config) if args.config else None, args.overrides,
+                       layers=[files.project_file(layer) for layer in args.overlay], name=getattr(args, "name", None))
+
+
+def cmd_data(args) -> int:
+    from train import sources
+
+    cfg = _load(args)
+    spec, built = sources.prepare(cfg.data)
+    size_mb = sum(os.path.getsize(f) for f in spec.train_files + spec.val_files) / 2**20
+    verb = "Built" if built else "Already built (nothing to do)"
+    print(f"{verb}: {spec.name} at {spec.root}: {spec.num_train} train + {spec.num_val} validation examples, "
+          f"{len(spec.train_files)}+{len(spec.val_files)} shards, {size_mb:.1f} MB, "
+          f"images {'x'.join(map(str, spec.image_shape))}, {spec.num_classes} classes.")
+    return 0
+
+
+def cmd_fit(args) -> int:
+    cfg = _load(args)  # every config error surfaces before TensorFlow is imported
+
+    from train import sources
+    from train.training import fit_loop
+
+    fit_loop.run(cfg, config_path=args.config, fresh=args.fresh,
+                 build_hint=sources.data_command(args.config, args.overlay, args.overrides))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from train.benchmarks import compare
+
+    return compare.main(args)
+
+
+def cmd_bench(args) -> int:
+    from train.benchmarks import bench
+
+    return bench.main(args)
+
+
+def cmd_ladder(args) -> int:
+    from train.benchmarks import ladder
+
+    return ladder.main(args)
+
+
+def cmd_sweep(args) -> int:
+    from train.benchmarks import sweep
+
+    return sweep.main(args)
+
+
+def cmd_diagnose(args) -> int:
+    from train.measure import diagnose
+
+    return diagnose.main(args.logdir, as_json=args.json, fail_if_input_bound=args.fail_if_input_bound)
+
+
+def cmd_tensorboard(args) -> int:
+    from tensorboard import program
+
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: TensorBoard will listen on {args.host}: anyone who can reach this host sees the runs.",
+              file=sys.stderr)
+    board = program.TensorBoard()
+    board.configure(argv=[None, "--logdir", args.logdir, "--host", args.host, "--port", str(args.port)])
+    print(f"TensorBoard: http://{args.host}:{args.port}/  (Profile tab: #profile)  Ctrl-C stops it.")
+    board.main()
+    return 0
+
+
+def cmd_data_service(args) -> int:
+    from train.input import service
+
+    return service.main(args)
+
+
+def cmd_launch(args) -> int:
+    from train.training import launch
+
+    command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
+    return launch.launch(args.workers, command)
+
+
+def cmd_lint(args) -> int:
+    from train import lint
+
+    return lint.main(args.dockerfile, args.compose_file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = "gpu-template" if os.path.basename(sys.argv[0]) == "gpu-template" else "python -m train"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    data = commands.add_parser("data", help="build the dataset a config trains on (no-op when built)")
+    _config_args(data)
+    data.set_defaults(func=cmd_data)
+
+    fit = commands.add_parser("fit", help="train one config into runs/<name>/")
+    _config_args(fit)
+    fit.add_argument("--name", help="run name (default: the config's name)")
+    fit.add_argument("--fresh", action="store_true",
+                     help="start over even if runs/<name> holds an unfinished run (default: resume it)")
+    fit.set_defaults(func=cmd_fit)
+
+    compare = commands.add_parser("compare", help="train naive and optimized on the same data and model, report")
+    _scenario_args(compare, out="runs/compare")
+    compare.set_defaults(func=cmd_compare)
+
+    bench = commands.add_parser("bench", help="naive vs optimized vs the compute ceiling: interleaved trials")
+    _scenario_args(bench, out="runs/bench")
+    bench.add_argument("--trials", type=int, default=9, help="trials per variant (default: %(default)s)")
+    bench.add_argument("--seconds", type=float, default=3.0, help="minimum seconds per trial (default: %(default)s)")
+    bench.add_argument("--data-service-workers", type=int, nargs="*", default=[1, 2], metavar="N",
+                       help="also run the optimized pipeline on a local tf.data service with N workers "
+                            "(default: 1 2; the flag with no N skips them)")
+    bench.set_defaults(func=cmd_bench)
+
+    ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
+    _scenario_args(ladder, out="runs/ladder")
+    ladder.add_argument("--ladder", default="configs/ladder/ladder.yaml", help="the rungs (default: %(default)s)")
+    ladder.add_argument("--trials", type=int, default=5, help="paired trials per rung (default: %(default)s)")
+    ladder.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per trial (default: %(default)s)")
+    ladder.set_defaults(func=cmd_ladder)
+
+    sweep = commands.add_parser("sweep-batch", help="throughput and utilization against batch size")
+    _scenario_args(sweep, out="runs/sweep-batch")
+    sweep.add_argument("--min", type=int, default=16, help="smallest batch (default: %(default)s)")
+    sweep.add_argument("--max", type=int, default=2048, help="largest batch to try (default: %(default)s)")
+    sweep.add_argument("--trials", type=int, default=3, help="trials per batch size (default: %(default)s)")
+    sweep.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per trial (default: %(default)s)")
+    sweep.set_defaults(func=cmd_sweep)
+
+    diagnose = commands.add_parser("diagnose", help="verdict and recommendations for any log folder with a profile")
+    diagnose.add_argument("logdir", help="a TensorBoard log folder (searched recursively for plugins/profile)")
+    diagnose.add_argument("--json", action="store_true", help="print the result as JSON")
+    diagnose.add_argument("--fail-if-input-bound", type=float, metavar="PCT",
+                          help="exit with status 3 when a run waits for input more than PCT%% of step time")
+    diagnose.set_defaults(func=cmd_diagnose)
+
+    board = commands.add_parser("tensorboard", help="serve a log folder with TensorBoard (localhost by default)")
+    board.add_argument("--logdir", default="runs")
+    board.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s, this machine only)")
+    board.add_argument("--port", type=int, default=6006)
+    board.set_defaults(func=cmd_tensorboard)
+
+    service = commands.add_parser("data-service", help="run a tf.data service dispatcher or worker")
+    service.add_argument("role", choices=["dispatcher", "worker"])
+    service.add_argument("--port", type=int, default=5050, help="port to serve on (default: %(default)s)")
+    service.add_argument("--dispatcher", default="localhost:5050", help="worker: the dispatcher's HOST:PORT")
+    service.add_argument("--advertise", default="localhost",
+                         help="worker: the host name the trainer uses to reach this worker (default: %(default)s)")
+    service.add_argument("--work-dir", help="dispatcher: folder for its journal, so it survives restarts")
+    service.set_defaults(func=cmd_data_service)
+
+    launch = commands.add_parser("launch", help="run a command as N local multi-worker processes (TF_CONFIG set)")
+    launch.add_argument("--workers", type=int, default=2, help="number of worker processes (default: %(default)s)")
+    launch.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                        help="what each worker runs, e.g. -- fit --config configs/optimized.yaml")
+    launch.set_defaults(func=cmd_launch)
+
+    lint = commands.add_parser("lint", help="check Dockerfile (hadolint) and docker-compose.yml (Compose v2) offline")
+    lint.add_argument("--dockerfile", default="Dockerfile")
+    lint.add_argument("--compose-file", default="docker-compose.yml")
+    lint.set_defaults(func=cmd_lint)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except RunFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,152 @@
+"""The Keras `fit` loop: one run set up by setup.py, trained with `model.fit` and callbacks.
+
+Multi-worker runs go to multi_worker.py instead (Keras 3 `fit` fails under
+MultiWorkerMirroredStrategy: keras-team/keras#20585); both share the set-up and the summary.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import keras
+import tensorflow as tf
+
+from train import files
+from train.config import Config
+from train.measure.monitor import MonitorCallback, Sampler
+from train.measure.profiling import StepTraceProfiler
+from train.measure.throughput import StepTimer
+from train.training import checkpoint, guards, setup as setup_lib
+from train.training.setup import RunSetup
+
+
+def run(cfg: Config, config_path: str | None = None, build_hint: str = "make data", log=print,
+        fresh: bool = False) -> dict:
+    """Train `cfg` and return its summary (also written to runs/<name>/summary.json)."""
+    setup = setup_lib.prepare(cfg, config_path=config_path, build_hint=build_hint, fresh=fresh, log=log)
+    if setup.cfg.train.strategy == "multi_worker":
+        from train.training import multi_worker
+
+        return multi_worker.train(setup, log=log)
+    return train(setup, log=log)
+
+
+def _profile_window(cfg: Config, total_steps: int, steps_per_execution: int) -> int:
+    """The first profiled step, moved earlier when the run is too short to reach the window."""
+    needed = (cfg.profile.num_steps + 2) * steps_per_execution
+    return max(0, min(cfg.profile.start_step, total_steps - needed))
+
+
+class Callbacks:
+    """The callbacks of a `fit` run, in the order their cooperation needs.
+
+    NaN guard before the checkpointer (the guard sets stop_training, the checkpointer then
+    saves nothing more); profiler before the timer (starting and stopping the profiler stays
+    outside the timed steps); the stall watchdog last.
+    """
+
+    def __init__(self, setup: RunSetup, done_steps: int, history: dict, log):
+        cfg = setup.cfg
+        steps, epochs = setup.steps_per_epoch, cfg.train.epochs
+        self.warmup = setup_lib.warmup_steps(cfg.train.warmup_steps, steps, epochs - done_steps // steps)
+        self.guard = guards.NanGuard(done_steps)
+        self.timer = StepTimer(setup.global_batch, self.warmup, setup.run_dir / "train")
+        self.profiler = None
+        if cfg.profile.enabled:
+            start = _profile_window(cfg, steps * epochs - done_steps, setup.choices.steps_per_execution)
+            self.profiler = StepTraceProfiler(setup.run_dir, start, cfg.profile.num_steps)
+        self.saver = None
+        if cfg.checkpoint.enabled:
+            self.saver = checkpoint.Checkpointer(setup.run_dir, steps, cfg.checkpoint.every_epochs,
+                                                 cfg.checkpoint.every_steps, cfg.checkpoint.keep,
+                                                 start_global_step=done_steps, history=history)
+        self.sampler = Sampler(cfg.monitor.interval_s) if cfg.monitor.enabled else None
+        self.monitor = (MonitorCallback(self.sampler, setup.run_dir / "system", log=lambda m: log(f"{setup.tag} {m}"))
+                        if self.sampler else None)
+        self.watchdog = None
+        timeout = guards.stall_timeout(cfg.train.stall_timeout_s, cfg.pipeline.data_service)
+        if timeout:
+            self.watchdog = guards.StallWatchdog(timeout, (
+                f"The tf.data service at {cfg.pipeline.data_service} may have lost its workers (check that they "
+                "run)." if cfg.pipeline.data_service else "The input pipeline stopped delivering batches."))
+        board = keras.callbacks.TensorBoard(log_dir=str(setup.run_dir), write_graph=False, profile_batch=0)
+        ordered = [self.guard, self.profiler, self.timer, self.saver, self.monitor, board, self.watchdog]
+        self.all = [callback for callback in ordered if callback is not None]
+
+    def start(self):
+        if self.sampler is not None:
+            self.sampler.start()
+
+    def stop(self):
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+
+def train(setup: RunSetup, log=print) -> dict:
+    cfg, spec = setup.cfg, setup.spec
+    model = setup_lib.build_model(cfg, spec, setup.choices, setup.strategy,
+                                  setup.steps_per_epoch * cfg.train.epochs)
+    if cfg.profile.enabled and setup.choices.steps_per_execution > 1:
+        log(f"{setup.tag} note: with steps_per_execution={setup.choices.steps_per_execution} xprof finds no step "
+            "markers inside multi-step executions: the trace viewer works, the step-time analysis will be n/a.")
+    steps = setup.steps_per_epoch
+    start_epoch, start_step, history = 0, 0, {}
+    if setup.resume:
+        with setup.strategy.scope():
+            checkpoint.restore(model, setup.resume["folder"])
+        start_epoch, start_step = setup.resume["epoch"], setup.resume["step_in_epoch"]
+        history = setup.resume["history"]
+        log(f"{setup.tag} resuming from {setup.resume['folder']} (epoch {start_epoch + 1}, step {start_step}); "
+            "--fresh starts over")
+    done_steps = start_epoch * steps + start_step
+    callbacks = Callbacks(setup, done_steps, history, log)
+
+    # Repeated, and read validation_steps batches at a time: exactly one pass per evaluation, also
+    # where a distributed dataset hides its length from Keras (which then never restarts it).
+    val_ds = setup.build(spec.val_files, training=False).repeat()
+    started = time.perf_counter()
+    try:
+        callbacks.start()
+        for initial_epoch, epochs, segment_steps in checkpoint.plan_segments(cfg.train.epochs, steps, start_epoch,
+                                                                             start_step):
+            train_ds = setup.build(spec.train_files, training=True)
+            if done_steps:
+                train_ds = train_ds.skip(done_steps)  # the batches already trained on, in the same order
+            segment = model.fit(
+                train_ds,
+                initial_epoch=initial_epoch,
+                epochs=epochs,
+                steps_per_epoch=segment_steps,
+                shuffle=False,  # the dataset shuffles itself
+                validation_data=val_ds,
+                validation_steps=setup.validation_steps,
+                callbacks=callbacks.all,
+                verbose=1 if sys.stdout.isatty() else 2,
+            )
+            for key, values in segment.history.items():
+                history.setdefault(key, []).extend(float(v) for v in values)
+            done_steps += (epochs - initial_epoch) * segment_steps
+            if callbacks.guard.tripped:
+                break
+    except tf.errors.ResourceExhaustedError:
+        raise guards.oom_error(cfg.pipeline.batch_size, setup.found.describe(), cfg.runs_dir) from None
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.UnknownError) as error:
+        raise setup_lib.data_error(error, setup) from None
+    finally:
+        callbacks.stop()
+    if callbacks.guard.tripped:
+        last = checkpoint.latest(setup.run_dir)
+        raise guards.nan_error(callbacks.guard.tripped, str(last[0]) if last else None, cfg.train.learning_rate)
+    wall = time.perf_counter() - started
+
+    utilization = None
+    if callbacks.sampler is not None:
+        utilization = callbacks.sampler.summary(since=callbacks.timer.steady_since or 0.0)
+    result = setup_lib.summary(setup, model, history, callbacks.timer.summary(), wall, callbacks.warmup,
+                               utilization)
+    if cfg.pipeline.skip_corrupt:
+        files.write_scalars(setup.run_dir / "train", [("data/skipped_records", len(setup.skipped), 0)], ".data")
+    return setup_lib.finish(setup, model, result, log=log)
