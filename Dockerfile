@@ -18,10 +18,11 @@ WORKDIR /workspace/template
 
 # Dependencies first, from the same spec `make setup` uses (pyproject.toml), with the base
 # image's TensorFlow pinned so pip can neither replace nor upgrade it. Code changes below
-# this layer do not reinstall anything.
+# this layer do not reinstall anything (the package's own __init__.py is all an editable
+# install needs; the rest of train/ arrives with the code below).
 COPY pyproject.toml README.md ./
+COPY train/__init__.py train/
 RUN python -m pip freeze | grep -iE '^(tensorflow|tf-keras|tensorboard)[a-z_-]*==' > /tmp/keep-base.txt; \
-    mkdir -p train && touch train/__init__.py && \
     python -m pip install -c /tmp/keep-base.txt -e . && \
     python -c "import tensorflow as tf, keras, tensorflow_datasets, pynvml; print('TensorFlow', tf.__version__, 'Keras', keras.__version__)"
 

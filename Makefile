@@ -26,7 +26,7 @@ TF_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
 endif
 
-.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch diagnose tensorboard test lint clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch diagnose tensorboard test test-fast lint clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -79,10 +79,13 @@ diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (L
 tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (PORT=)
 	$(PY) -m train tensorboard --logdir runs --port $(PORT) $(ARGS)
 
-test: setup ## Run the test suite (fast CPU tests on tiny generated data)
+test: setup ## Run the whole test suite (CPU tests on tiny generated data, about 6 minutes)
 	$(PY) -m pytest $(ARGS)
 
-lint: setup ## Lint the Dockerfile (hadolint) and validate docker-compose.yml (Compose v2), offline
+test-fast: setup ## Run the tests not marked slow (under 2 minutes)
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+lint: setup ## Lint the code (ruff) and the Dockerfile (hadolint), validate docker-compose.yml (Compose v2), offline
 	$(PY) -m train lint $(ARGS)
 
 # The GPU path (see README, "GPU in Docker"). Each target needs a Docker engine with Compose v2

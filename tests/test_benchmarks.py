@@ -18,10 +18,20 @@ def sets(tiny_data_dir, *extra):
     return [arg for item in data_sets(tiny_data_dir) + list(extra) for arg in ("--set", item)]
 
 
+@pytest.mark.slow
 def test_bench_reports_medians_spreads_speedup_and_efficiency(tiny_data_dir, tmp_path):
     out = tmp_path / "bench"
-    result = run_cli("bench", "--out", str(out), "--trials", "3", "--seconds", "0.2",
-                     *sets(tiny_data_dir, "pipeline.batch_size=16", "pipeline.shuffle_buffer=16"), timeout=600)
+    result = run_cli(
+        "bench",
+        "--out",
+        str(out),
+        "--trials",
+        "3",
+        "--seconds",
+        "0.2",
+        *sets(tiny_data_dir, "pipeline.batch_size=16", "pipeline.shuffle_buffer=16"),
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     bench = json.loads((out / "bench.json").read_text())
     assert set(bench["variants"]) == {"naive", "optimized", "ceiling", "service_1w", "service_2w"}
@@ -30,21 +40,33 @@ def test_bench_reports_medians_spreads_speedup_and_efficiency(tiny_data_dir, tmp
     for row in bench["variants"].values():
         assert row["trials"] == 3 and len(row["samples"]) == 3
         assert row["min"] <= row["median"] <= row["max"]
-    assert bench["speedup"] == pytest.approx(bench["variants"]["optimized"]["median"]
-                                             / bench["variants"]["naive"]["median"])
-    assert bench["efficiency"] == pytest.approx(bench["variants"]["optimized"]["median"]
-                                                / bench["variants"]["ceiling"]["median"])
+    assert bench["speedup"] == pytest.approx(
+        bench["variants"]["optimized"]["median"] / bench["variants"]["naive"]["median"]
+    )
+    assert bench["efficiency"] == pytest.approx(
+        bench["variants"]["optimized"]["median"] / bench["variants"]["ceiling"]["median"]
+    )
     assert bench["speedup_range"][0] <= bench["speedup_range"][1]
     assert bench["device"] and "zero input cost" in bench["variants"]["ceiling"]["pipeline"]
     assert "speedup (optimized / naive, medians)" in result.stdout
     assert list((out / "tb" / "ceiling").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_ladder_turns_on_one_technique_per_rung(tiny_data_dir, tmp_path):
     out = tmp_path / "ladder"
     # 512 training examples, so that the ladder's batch of 256 fits
-    result = run_cli("ladder", "--out", str(out), "--trials", "2", "--seconds", "0.1",
-                     *sets(tiny_data_dir, "data.num_train=512", "pipeline.shuffle_buffer=16"), timeout=900)
+    result = run_cli(
+        "ladder",
+        "--out",
+        str(out),
+        "--trials",
+        "2",
+        "--seconds",
+        "0.1",
+        *sets(tiny_data_dir, "data.num_train=512", "pipeline.shuffle_buffer=16"),
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "ladder.json").read_text())
     rungs = yaml.safe_load((ROOT / "configs/ladder/ladder.yaml").read_text())["rungs"]
@@ -72,15 +94,28 @@ def test_ladder_file_is_validated(tmp_path):
         ladder.load_ladder(bad)
 
 
+@pytest.mark.slow
 def test_sweep_finds_the_largest_batch_that_fits(tiny_data_dir, tmp_path):
     out = tmp_path / "sweep"
-    result = run_cli("sweep-batch", "--out", str(out), "--min", "16", "--max", "1024", "--trials", "2",
-                     "--seconds", "0.1", *sets(tiny_data_dir, "pipeline.shuffle_buffer=16"), timeout=600)
+    result = run_cli(
+        "sweep-batch",
+        "--out",
+        str(out),
+        "--min",
+        "16",
+        "--max",
+        "1024",
+        "--trials",
+        "2",
+        "--seconds",
+        "0.1",
+        *sets(tiny_data_dir, "pipeline.shuffle_buffer=16"),
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     sweep = json.loads((out / "sweep.json").read_text())
     assert [p["batch_size"] for p in sweep["points"]] == [16, 32, 64, 128]
     assert sweep["largest_batch_that_fit"] == 128
     assert "larger than the training split" in sweep["stopped_because"]
-    assert all(p["examples_per_sec"]["median"] > 0 and p["input_bound_percent"] is not None
-               for p in sweep["points"])
+    assert all(p["examples_per_sec"]["median"] > 0 and p["input_bound_percent"] is not None for p in sweep["points"])
     assert (out / "sweep.png").exists()

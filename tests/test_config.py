@@ -60,8 +60,10 @@ def test_bad_values_are_rejected_before_any_work(override, pattern):
 
 
 def test_overrides_are_parsed_as_yaml_values():
-    cfg = config.load(ROOT / "configs/optimized.yaml",
-                      ["pipeline.batch_size=64", "pipeline.deterministic=true", "train.jit_compile=false"])
+    cfg = config.load(
+        ROOT / "configs/optimized.yaml",
+        ["pipeline.batch_size=64", "pipeline.deterministic=true", "train.jit_compile=false"],
+    )
     assert cfg.pipeline.batch_size == 64 and cfg.pipeline.deterministic is True and cfg.train.jit_compile is False
 
 

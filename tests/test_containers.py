@@ -18,7 +18,9 @@ def make_targets() -> set[str]:
 
 
 def cli_commands() -> set[str]:
-    return set(re.findall(r'commands\.add_parser\(\s*"([a-z-]+)"', (ROOT / "train/__main__.py").read_text()))
+    from train import cli
+
+    return cli.command_names()
 
 
 def test_hadolint_finds_nothing():
@@ -42,8 +44,13 @@ def test_the_same_check_rejects_a_broken_compose_file(tmp_path, breakage):
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     service = compose["services"]["train-optimized"]
     if breakage == "count_and_ids":  # `count` and `device_ids` are exclusive
-        service["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": 1, "device_ids": ["0"], "capabilities": ["gpu"]}]}}}
+        service["deploy"] = {
+            "resources": {
+                "reservations": {
+                    "devices": [{"driver": "nvidia", "count": 1, "device_ids": ["0"], "capabilities": ["gpu"]}]
+                }
+            }
+        }
     else:
         service["shm_sise"] = "2gb"
     broken = tmp_path / "docker-compose.yml"
@@ -54,8 +61,9 @@ def test_the_same_check_rejects_a_broken_compose_file(tmp_path, breakage):
 def test_services_use_gpus_shared_volumes_and_existing_commands():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert {"train-naive", "train-optimized", "compare", "tensorboard", "data-dispatcher",
-            "data-worker"} <= set(services)
+    assert {"train-naive", "train-optimized", "compare", "tensorboard", "data-dispatcher", "data-worker"} <= set(
+        services
+    )
     targets, commands = make_targets(), cli_commands()
     for name, service in services.items():
         command = service["command"]
@@ -80,8 +88,13 @@ def test_services_use_gpus_shared_volumes_and_existing_commands():
 def test_docker_make_targets_exist_and_are_documented():
     targets = make_targets()
     readme = (ROOT / "README.md").read_text()
-    for target in ("docker-build", "docker-train-naive", "docker-train-optimized", "docker-compare",
-                   "docker-tensorboard"):
+    for target in (
+        "docker-build",
+        "docker-train-naive",
+        "docker-train-optimized",
+        "docker-compare",
+        "docker-tensorboard",
+    ):
         assert target in targets
         assert f"make {target}" in readme
 
@@ -96,8 +109,9 @@ def test_the_readme_and_the_makefile_name_the_same_targets():
 def test_docker_targets_fail_at_once_without_an_engine():
     if subprocess.run(["docker", "info"], capture_output=True).returncode == 0 if shutil.which("docker") else False:
         pytest.skip("a Docker engine answers here")
-    result = subprocess.run(["make", "--no-print-directory", "docker-train-optimized"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["make", "--no-print-directory", "docker-train-optimized"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode != 0
     assert "no Docker engine answers here" in result.stderr
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from train.training import devices
 from train.config import TrainConfig
+from train.training import devices
 
 CPU = devices.Devices(gpus=(), compute_capabilities=(), cpu_cores=2, cpu_bf16=False)
 CPU_BF16 = devices.Devices(gpus=(), compute_capabilities=(), cpu_cores=2, cpu_bf16=True)
@@ -15,7 +15,11 @@ P100 = devices.Devices(gpus=("Tesla P100",), compute_capabilities=((6, 0),), cpu
 def test_auto_on_a_cpu_without_bf16_units():
     choice = devices.resolve(TrainConfig(), CPU)
     assert (choice.precision, choice.jit_compile, choice.steps_per_execution, choice.strategy) == (
-        "float32", False, 1, "default")
+        "float32",
+        False,
+        1,
+        "default",
+    )
     assert "CPU" in choice.reasons["precision"] and "slower" in choice.reasons["jit_compile"]
 
 
@@ -39,10 +43,15 @@ def test_mixed_means_the_devices_own_mixed_policy():
 
 
 def test_explicit_values_are_kept():
-    choice = devices.resolve(TrainConfig(precision="float32", jit_compile=True, steps_per_execution=8,
-                                         strategy="default"), A100)
+    choice = devices.resolve(
+        TrainConfig(precision="float32", jit_compile=True, steps_per_execution=8, strategy="default"), A100
+    )
     assert (choice.precision, choice.jit_compile, choice.steps_per_execution, choice.strategy) == (
-        "float32", True, 8, "default")
+        "float32",
+        True,
+        8,
+        "default",
+    )
     assert choice.reasons == {}
 
 

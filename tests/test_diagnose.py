@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from tests.conftest import run_cli
 from train import models
-from train.measure import diagnose
 from train.errors import UserError
+from train.measure import diagnose
 from train.measure.profiling import StepTraceProfiler
 
 
@@ -46,11 +46,21 @@ def _fast_dataset():
 def logs(tmp_path_factory):
     root = tmp_path_factory.mktemp("logs")
     for name, dataset in (("slow", _slow_dataset()), ("fast", _fast_dataset())):
-        _model().fit(dataset, steps_per_epoch=12, epochs=1, verbose=0,
-                     callbacks=[StepTraceProfiler(root / name, start_step=2, num_steps=6)])
+        _model().fit(
+            dataset,
+            steps_per_epoch=12,
+            epochs=1,
+            verbose=0,
+            callbacks=[StepTraceProfiler(root / name, start_step=2, num_steps=6)],
+        )
     stock = root / "stock"
-    _model().fit(_fast_dataset(), steps_per_epoch=12, epochs=1, verbose=0,
-                 callbacks=[keras.callbacks.TensorBoard(str(stock), profile_batch=(2, 8))])
+    _model().fit(
+        _fast_dataset(),
+        steps_per_epoch=12,
+        epochs=1,
+        verbose=0,
+        callbacks=[keras.callbacks.TensorBoard(str(stock), profile_batch=(2, 8))],
+    )
     return root
 
 

@@ -25,25 +25,49 @@ from train.input import pipeline, service
 from train.training import fit_loop
 from train.training.launch import free_ports
 
-QUICK = ["train.epochs=2", "profile.enabled=false", "monitor.enabled=false", "model.name=tiny", "model.width=4",
-         "train.precision=float32",
-         "train.deterministic=true", "pipeline.shuffle_buffer=16"]
+QUICK = [
+    "train.epochs=2",
+    "profile.enabled=false",
+    "monitor.enabled=false",
+    "model.name=tiny",
+    "model.width=4",
+    "train.precision=float32",
+    "train.deterministic=true",
+    "pipeline.shuffle_buffer=16",
+]
 
 
 def sets_args(items: list[str]) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
 
+@pytest.mark.slow
 def test_mirrored_over_two_logical_cpus_matches_one_device(tiny_data_dir, tmp_path):
     # Without augmentation: distributing a dataset rebatches it, so batch-indexed augmentation draws
     # differ between the runs; what is compared here is the strategy's arithmetic.
-    base = data_sets(tiny_data_dir) + QUICK + [f"runs_dir={tmp_path}", "train.scale_learning_rate=false",
-                                               "pipeline.augment=none"]
-    single = run_cli("fit", "--config", "configs/optimized.yaml", "--name", "single",
-                     *sets_args(base + ["pipeline.batch_size=32", "train.strategy=default"]), timeout=300)
-    mirrored = run_cli("fit", "--config", "configs/optimized.yaml", "--name", "mirrored",
-                       *sets_args(base + ["pipeline.batch_size=16", "train.strategy=mirrored",
-                                          "train.cpu_replicas=2"]), timeout=300)
+    base = (
+        data_sets(tiny_data_dir)
+        + QUICK
+        + [f"runs_dir={tmp_path}", "train.scale_learning_rate=false", "pipeline.augment=none"]
+    )
+    single = run_cli(
+        "fit",
+        "--config",
+        "configs/optimized.yaml",
+        "--name",
+        "single",
+        *sets_args(base + ["pipeline.batch_size=32", "train.strategy=default"]),
+        timeout=300,
+    )
+    mirrored = run_cli(
+        "fit",
+        "--config",
+        "configs/optimized.yaml",
+        "--name",
+        "mirrored",
+        *sets_args(base + ["pipeline.batch_size=16", "train.strategy=mirrored", "train.cpu_replicas=2"]),
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr[-2000:]
     assert mirrored.returncode == 0, mirrored.stderr[-2000:]
     one = json.loads((tmp_path / "single" / "summary.json").read_text())
@@ -55,17 +79,45 @@ def test_mirrored_over_two_logical_cpus_matches_one_device(tiny_data_dir, tmp_pa
 
 
 def launch_command(tiny_data_dir: Path, runs: Path, epochs: int = 2) -> list[str]:
-    items = data_sets(tiny_data_dir) + QUICK + [f"runs_dir={runs}", "pipeline.batch_size=8",
-                                                 f"train.epochs={epochs}", "train.strategy=multi_worker",
-                                                 "train.collective_timeout_s=30"]
-    return [sys.executable, "-m", "train", "launch", "--workers", "2", "--", "fit", "--config",
-            "configs/optimized.yaml", "--name", "mw", *sets_args(items)]
+    items = (
+        data_sets(tiny_data_dir)
+        + QUICK
+        + [
+            f"runs_dir={runs}",
+            "pipeline.batch_size=8",
+            f"train.epochs={epochs}",
+            "train.strategy=multi_worker",
+            "train.collective_timeout_s=30",
+        ]
+    )
+    return [
+        sys.executable,
+        "-m",
+        "train",
+        "launch",
+        "--workers",
+        "2",
+        "--",
+        "fit",
+        "--config",
+        "configs/optimized.yaml",
+        "--name",
+        "mw",
+        *sets_args(items),
+    ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_two_local_workers_train_and_end_with_identical_weights(tiny_data_dir, tmp_path):
-    result = subprocess.run(launch_command(tiny_data_dir, tmp_path), cwd=ROOT, capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        launch_command(tiny_data_dir, tmp_path),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "all 2 workers finished" in result.stdout
     workers = [json.loads(p.read_text()) for p in sorted((tmp_path / "mw" / "workers").glob("*.json"))]
@@ -78,18 +130,27 @@ def test_two_local_workers_train_and_end_with_identical_weights(tiny_data_dir, t
     assert "[worker 1]" in result.stdout and result.stdout.count("done:") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_a_dying_worker_stops_the_run_with_a_clear_error_in_bounded_time(tiny_data_dir, tmp_path):
-    launcher = subprocess.Popen(launch_command(tiny_data_dir, tmp_path, epochs=400), cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    launcher = subprocess.Popen(
+        launch_command(tiny_data_dir, tmp_path, epochs=400),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         deadline = time.monotonic() + 180
         for line in launcher.stdout:
             if "epoch 1/" in line or time.monotonic() > deadline:
                 break
-        victims = [child for child in psutil.Process(launcher.pid).children()
-                   if "index\": 1" in child.environ().get("TF_CONFIG", "")]
+        victims = [
+            child
+            for child in psutil.Process(launcher.pid).children()
+            if 'index": 1' in child.environ().get("TF_CONFIG", "")
+        ]
         assert victims, "worker 1 was not found"
         killed_at = time.monotonic()
         victims[0].send_signal(signal.SIGKILL)
@@ -104,17 +165,29 @@ def test_a_dying_worker_stops_the_run_with_a_clear_error_in_bounded_time(tiny_da
         launcher.wait(timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_without_the_launcher_a_worker_whose_peer_dies_stops_with_a_clear_error(tiny_data_dir, tmp_path):
     """As on real hosts: nothing watches the workers, the survivor must notice by itself."""
     ports = free_ports(2)
     cluster = {"worker": [f"localhost:{port}" for port in ports]}
     command = launch_command(tiny_data_dir, tmp_path, epochs=400)
-    command = [sys.executable, "-m", "train", *command[command.index("--") + 1:]]
-    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CONFIG": json.dumps(
-                                    {"cluster": cluster, "task": {"type": "worker", "index": index}})})
-               for index in range(2)]
+    command = [sys.executable, "-m", "train", *command[command.index("--") + 1 :]]
+    workers = [
+        subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+            },
+        )
+        for index in range(2)
+    ]
     try:
         deadline = time.monotonic() + 180
         for line in workers[0].stdout:
@@ -143,14 +216,24 @@ def examples(dataset) -> Counter:
 @pytest.mark.parametrize("mode, times", [("parallel_epochs", 2), ("distributed_epoch", 1)])
 def test_data_service_with_two_workers_serves_each_example_the_expected_number_of_times(tiny_spec, mode, times):
     knobs = config.load(ROOT / "configs/optimized.yaml", ["pipeline.augment=none"]).pipeline
-    local = examples(pipeline.build(tiny_spec.train_files, tiny_spec, knobs, training=False,
-                                    num_examples=tiny_spec.num_train, batch_size=16))
+    local = examples(
+        pipeline.build(
+            tiny_spec.train_files, tiny_spec, knobs, training=False, num_examples=tiny_spec.num_train, batch_size=16
+        )
+    )
     with service.LocalCluster(workers=2) as cluster:
-        served_knobs = config.load(ROOT / "configs/optimized.yaml", [
-            "pipeline.augment=none", f"pipeline.data_service={cluster.target}",
-            f"pipeline.data_service_mode={mode}"]).pipeline
-        dataset = pipeline.build(tiny_spec.train_files, tiny_spec, served_knobs, training=False,
-                                 num_examples=tiny_spec.num_train, batch_size=16)
+        served_knobs = config.load(
+            ROOT / "configs/optimized.yaml",
+            ["pipeline.augment=none", f"pipeline.data_service={cluster.target}", f"pipeline.data_service_mode={mode}"],
+        ).pipeline
+        dataset = pipeline.build(
+            tiny_spec.train_files,
+            tiny_spec,
+            served_knobs,
+            training=False,
+            num_examples=tiny_spec.num_train,
+            batch_size=16,
+        )
         served = examples(pipeline.to_service(dataset, served_knobs, job_name=f"count-{mode}"))
     assert set(served) == set(local) and len(local) == tiny_spec.num_train
     assert set(served.values()) == {times}
@@ -159,28 +242,65 @@ def test_data_service_with_two_workers_serves_each_example_the_expected_number_o
 @pytest.mark.timeout(360)
 def test_a_trainer_fed_by_a_local_dispatcher_and_two_workers_trains(tiny_sets):
     with service.LocalCluster(workers=2) as cluster:
-        cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + [
-            "pipeline.batch_size=16", f"pipeline.data_service={cluster.target}", "train.deterministic=false"])
+        cfg = config.load(
+            ROOT / "configs/optimized.yaml",
+            tiny_sets
+            + QUICK
+            + ["pipeline.batch_size=16", f"pipeline.data_service={cluster.target}", "train.deterministic=false"],
+        )
         summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["examples_per_sec"] > 0 and "tf.data service" in summary["pipeline"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_losing_every_data_service_worker_ends_the_trainer_in_bounded_time(tiny_data_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ports = free_ports(2)
-    dispatcher = subprocess.Popen([sys.executable, "-m", "train", "data-service", "dispatcher", "--port",
-                                   str(ports[0])], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-    worker = subprocess.Popen([sys.executable, "-m", "train", "data-service", "worker", "--port", str(ports[1]),
-                               "--dispatcher", f"localhost:{ports[0]}"], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    items = data_sets(tiny_data_dir) + QUICK + [
-        f"runs_dir={tmp_path}", "pipeline.batch_size=16", "train.epochs=500", "train.deterministic=false",
-        f"pipeline.data_service=grpc://localhost:{ports[0]}", "train.stall_timeout_s=15"]
-    trainer = subprocess.Popen([sys.executable, "-m", "train", "fit", "--config", "configs/optimized.yaml",
-                                *sets_args(items)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    dispatcher = subprocess.Popen(
+        [sys.executable, "-m", "train", "data-service", "dispatcher", "--port", str(ports[0])],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "data-service",
+            "worker",
+            "--port",
+            str(ports[1]),
+            "--dispatcher",
+            f"localhost:{ports[0]}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    items = (
+        data_sets(tiny_data_dir)
+        + QUICK
+        + [
+            f"runs_dir={tmp_path}",
+            "pipeline.batch_size=16",
+            "train.epochs=500",
+            "train.deterministic=false",
+            f"pipeline.data_service=grpc://localhost:{ports[0]}",
+            "train.stall_timeout_s=15",
+        ]
+    )
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "train", "fit", "--config", "configs/optimized.yaml", *sets_args(items)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         for line in trainer.stdout:
@@ -200,18 +320,58 @@ def test_losing_every_data_service_worker_ends_the_trainer_in_bounded_time(tiny_
             process.wait(timeout=30)
 
 
+def start_service_pair(env) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """A dispatcher and a worker as a user starts them, each ready (its first line printed)."""
+    ports = free_ports(2)
+    dispatcher = subprocess.Popen(
+        [sys.executable, "-m", "train", "data-service", "dispatcher", "--port", str(ports[0])],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert dispatcher.stdout.readline().startswith("tf.data service dispatcher: grpc://")
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "data-service",
+            "worker",
+            "--port",
+            str(ports[1]),
+            "--dispatcher",
+            f"localhost:{ports[0]}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert worker.stdout.readline().startswith("tf.data service worker")
+    return dispatcher, worker
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(360)
-def test_a_data_service_server_stops_cleanly_on_sigterm():
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGTERM, signal.SIGINT])
+def test_data_service_servers_stop_on_the_first_signal(stop):
+    """Both servers, signalled together as `docker compose stop` does, exit 0 within 5 s, every time."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    port = free_ports(1)[0]
-    server = subprocess.Popen([sys.executable, "-m", "train", "data-service", "dispatcher", "--port", str(port)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    dispatcher, worker = start_service_pair(env)
     try:
-        assert server.stdout.readline().startswith("tf.data service dispatcher: grpc://")
-        server.send_signal(signal.SIGTERM)
-        out, _ = server.communicate(timeout=30)
-        assert server.returncode == 0 and "dispatcher stopped" in out
+        time.sleep(1.0)  # TensorFlow's server threads are up and the worker has registered
+        sent = time.monotonic()
+        worker.send_signal(stop)
+        dispatcher.send_signal(stop)
+        for process, role in ((dispatcher, "dispatcher"), (worker, "worker")):
+            out, _ = process.communicate(timeout=max(0.1, sent + 5.0 - time.monotonic()))
+            assert process.returncode == 0 and f"{role} stopped" in out
+        assert time.monotonic() - sent < 5.0
     finally:
-        if server.poll() is None:
-            server.kill()
-        server.wait(timeout=30)
+        for process in (dispatcher, worker):
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)

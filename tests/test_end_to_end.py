@@ -12,8 +12,13 @@ import pytest
 
 from tests.conftest import ROOT, data_sets, run_cli
 
-QUICK = ["train.epochs=2", "pipeline.batch_size=16", "pipeline.shuffle_buffer=16", "profile.start_step=1",
-         "profile.num_steps=3"]
+QUICK = [
+    "train.epochs=2",
+    "pipeline.batch_size=16",
+    "pipeline.shuffle_buffer=16",
+    "profile.start_step=1",
+    "profile.num_steps=3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +30,7 @@ def compared(tiny_data_dir, tmp_path_factory):
     return runs, result
 
 
+@pytest.mark.slow
 def test_compare_prints_the_table_and_writes_the_report(compared):
     runs, result = compared
     assert "No GPU found: running the CPU scenario that mirrors a fast GPU" in result.stdout
@@ -32,13 +38,21 @@ def test_compare_prints_the_table_and_writes_the_report(compared):
     report = json.loads((runs / "compare" / "report.json").read_text())
     for name in ("naive", "optimized"):
         row = report["runs"][name]
-        for key in ("examples_per_sec", "step_time_ms", "input_bound_percent", "device_busy_percent",
-                    "gpu_utilization_percent", "cpu_utilization_percent", "val_accuracy"):
+        for key in (
+            "examples_per_sec",
+            "step_time_ms",
+            "input_bound_percent",
+            "device_busy_percent",
+            "gpu_utilization_percent",
+            "cpu_utilization_percent",
+            "val_accuracy",
+        ):
             assert key in row
         assert row["examples_per_sec"] > 0 and row["input_bound_percent"] is not None
         assert row["device_busy_percent"] is None and row["gpu_utilization_percent"] is None  # CPU machine
     assert report["speedup"] == pytest.approx(
-        report["runs"]["optimized"]["examples_per_sec"] / report["runs"]["naive"]["examples_per_sec"])
+        report["runs"]["optimized"]["examples_per_sec"] / report["runs"]["naive"]["examples_per_sec"]
+    )
     assert report["device"].startswith("CPU only")
     naive = json.loads((runs / "compare" / "naive" / "summary.json").read_text())
     assert "Generator" in {stage["stage"] for stage in naive["profile"]["slow_stages"]}  # the Python generator
@@ -60,11 +74,16 @@ def _get(url: str):
     return json.loads(body)
 
 
+@pytest.mark.slow
 def test_tensorboard_profile_tab_shows_both_runs_with_step_times(compared):
     runs, _ = compared
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "train", "tensorboard", "--logdir", str(runs),
-                               "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "train", "tensorboard", "--logdir", str(runs), "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline, listed = time.monotonic() + 120, []

@@ -11,8 +11,14 @@ from train.training import fit_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml"))
-QUICK = ["train.epochs=2", "train.steps_per_epoch=4", "profile.start_step=1", "profile.num_steps=2",
-         "monitor.interval_s=0.05", "pipeline.batch_size=16"]
+QUICK = [
+    "train.epochs=2",
+    "train.steps_per_epoch=4",
+    "profile.start_step=1",
+    "profile.num_steps=2",
+    "monitor.interval_s=0.05",
+    "pipeline.batch_size=16",
+]
 
 
 def scalar_tags(folder: Path) -> set[str]:
@@ -51,8 +57,7 @@ def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
 
 
 def test_the_cpu_scenario_overlay_trains(tiny_sets):
-    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK,
-                      layers=[ROOT / "configs/scenarios/cpu.yaml"])
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK, layers=[ROOT / "configs/scenarios/cpu.yaml"])
     summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["model"] == "tiny" and summary["examples_per_sec"] > 0
 

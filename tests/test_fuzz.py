@@ -40,8 +40,8 @@ def damage_randomly(path: Path, rng: np.random.Generator) -> str:
         data = bytearray()
     else:
         start = int(rng.integers(0, len(data) - 64))
-        block = data[start:start + 64]
-        data[start:start + 64] = bytes(reversed(block))
+        block = data[start : start + 64]
+        data[start : start + 64] = bytes(reversed(block))
     path.write_bytes(bytes(data))
     return str(kind)
 
@@ -56,10 +56,15 @@ def test_randomly_damaged_shards_fail_clearly_in_bounded_time(tiny_data_dir, tmp
     kind = damage_randomly(victim, rng)
     preset = "naive" if case % 2 else "optimized"
     runs = tmp_path / "runs"
-    sets = data_sets(copy) + [f"runs_dir={runs}", "train.epochs=1", "pipeline.batch_size=16",
-                              "profile.enabled=false", "model.name=tiny", "model.width=4"]
-    result = run_cli("fit", "--config", f"configs/{preset}.yaml", *[a for s in sets for a in ("--set", s)],
-                     timeout=180)
+    sets = data_sets(copy) + [
+        f"runs_dir={runs}",
+        "train.epochs=1",
+        "pipeline.batch_size=16",
+        "profile.enabled=false",
+        "model.name=tiny",
+        "model.width=4",
+    ]
+    result = run_cli("fit", "--config", f"configs/{preset}.yaml", *[a for s in sets for a in ("--set", s)], timeout=180)
     assert result.returncode in (0, 2), (kind, result.stderr[-3000:])
     if result.returncode == 2:
         assert "Traceback" not in result.stderr, (kind, result.stderr[-3000:])
@@ -89,7 +94,10 @@ def mutate(values: dict, rng: np.random.Generator) -> dict:
     elif action == 3:
         values[section] = junk[int(rng.integers(len(junk)))]
     elif action == 4:
-        values["model"] = {"name": str(rng.choice(["tiny", "resnet", "vit", ""])), key: junk[int(rng.integers(len(junk)))]}
+        values["model"] = {
+            "name": str(rng.choice(["tiny", "resnet", "vit", ""])),
+            key: junk[int(rng.integers(len(junk)))],
+        }
     else:
         values[section].pop(key, None)
     return values

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.test_sources import make_image_folder
 
@@ -18,9 +20,10 @@ from tests.test_sources import make_image_folder
 def readme_section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
     start = text.index(f"## {title}")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
+@pytest.mark.slow
 def test_make_it_yours_walkthrough_trains_and_reports(tmp_path):
     section = readme_section("Make it yours")
     # Step 1: a fresh copy of the repository (what `git clone` of a fork gives).

@@ -18,14 +18,17 @@ def knobs(preset: str, **changes):
 
 
 def one_epoch(spec, knob, training=True, batch_size=16):
-    dataset = pipeline.build(spec.train_files, spec, knob, training=training, num_examples=spec.num_train,
-                             batch_size=batch_size)
+    dataset = pipeline.build(
+        spec.train_files, spec, knob, training=training, num_examples=spec.num_train, batch_size=batch_size
+    )
     steps = pipeline.steps_per_epoch(spec.num_train, batch_size, drop_remainder=True)
     examples = []
     for images, labels in dataset.take(steps):
         assert images.dtype == tf.uint8 and images.shape[1:] == spec.image_shape
-        examples += [(int(label), hashlib.sha1(image.tobytes()).hexdigest())
-                     for image, label in zip(images.numpy(), labels.numpy())]
+        examples += [
+            (int(label), hashlib.sha1(image.tobytes()).hexdigest())
+            for image, label in zip(images.numpy(), labels.numpy())
+        ]
     return examples
 
 
@@ -47,26 +50,40 @@ def test_shuffling_changes_the_order(tiny_spec):
 
 def test_each_epoch_is_reshuffled(tiny_spec):
     knob = knobs("optimized", augment="none", deterministic=True)
-    dataset = pipeline.build(tiny_spec.train_files, tiny_spec, knob, training=True,
-                             num_examples=tiny_spec.num_train, batch_size=tiny_spec.num_train)
+    dataset = pipeline.build(
+        tiny_spec.train_files,
+        tiny_spec,
+        knob,
+        training=True,
+        num_examples=tiny_spec.num_train,
+        batch_size=tiny_spec.num_train,
+    )
     epochs = [labels.numpy().tolist() for _, labels in dataset.take(2)]
     assert sorted(epochs[0]) == sorted(epochs[1]) and epochs[0] != epochs[1]
 
 
 def test_validation_reads_everything_in_order_without_dropping(tiny_spec):
     knob = knobs("optimized")
-    dataset = pipeline.build(tiny_spec.val_files, tiny_spec, knob, training=False,
-                             num_examples=tiny_spec.num_val, batch_size=24)
+    dataset = pipeline.build(
+        tiny_spec.val_files, tiny_spec, knob, training=False, num_examples=tiny_spec.num_val, batch_size=24
+    )
     sizes = [int(labels.shape[0]) for _, labels in dataset]
     assert sizes == [24, 8]
 
 
 def test_naive_preset_really_has_no_prefetch(tiny_spec):
-    naive = pipeline.build(tiny_spec.train_files, tiny_spec, knobs("naive"), training=True,
-                           num_examples=tiny_spec.num_train, batch_size=32)
+    naive = pipeline.build(
+        tiny_spec.train_files, tiny_spec, knobs("naive"), training=True, num_examples=tiny_spec.num_train, batch_size=32
+    )
     assert naive.options().experimental_optimization.inject_prefetch is False
-    optimized = pipeline.build(tiny_spec.train_files, tiny_spec, knobs("optimized"), training=True,
-                               num_examples=tiny_spec.num_train, batch_size=32)
+    optimized = pipeline.build(
+        tiny_spec.train_files,
+        tiny_spec,
+        knobs("optimized"),
+        training=True,
+        num_examples=tiny_spec.num_train,
+        batch_size=32,
+    )
     assert optimized.options().threading.max_intra_op_parallelism == 1
 
 
@@ -76,8 +93,9 @@ def test_cache_auto_follows_the_memory_limit(tiny_spec):
     assert not pipeline.cache_enabled(knobs("naive"), tiny_spec, tiny_spec.num_train)
 
 
-@pytest.mark.parametrize("flip_lr, flip_ud, dy", [(False, False, 0), (True, False, 2), (False, True, -2),
-                                                  (True, True, 1)])
+@pytest.mark.parametrize(
+    "flip_lr, flip_ud, dy", [(False, False, 0), (True, False, 2), (False, True, -2), (True, True, 1)]
+)
 def test_the_three_augmentations_agree(flip_lr, flip_ud, dy):
     """numpy (naive generator), eager TF, and TF inside tf.data give the same pixels."""
     image = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
@@ -116,8 +134,9 @@ def test_batched_augmentation_draws_every_flip_and_shift_per_example():
 def test_per_example_augmentation_flips_about_half():
     image = np.zeros((8, 8, 3), np.uint8)
     image[:, :4] = 255
-    flipped = [bool(augment.tf_augment_one(index, (tf.constant(image), 0))[0].numpy()[4, 0, 0] == 0)
-               for index in range(200)]
+    flipped = [
+        bool(augment.tf_augment_one(index, (tf.constant(image), 0))[0].numpy()[4, 0, 0] == 0) for index in range(200)
+    ]
     assert 60 < sum(flipped) < 140
 
 
@@ -146,8 +165,10 @@ def test_batched_augmentation_flips_about_half_left_right(tiny_spec):
     image = np.zeros((8, 8, 3), np.uint8)
     image[:, :4] = 255  # left half bright; a left-right flip makes it dark
     stacked = tf.stack([augment.add_mirror(tf.constant(image), 0)[0]] * 50)
-    flipped = sum(int((augment.tf_augment_batch(index, (stacked, tf.zeros([50])))[0].numpy()[:, 4, 0, 0] == 255)
-                      .sum()) for index in range(4))
+    flipped = sum(
+        int((augment.tf_augment_batch(index, (stacked, tf.zeros([50])))[0].numpy()[:, 4, 0, 0] == 255).sum())
+        for index in range(4)
+    )
     assert 60 < flipped < 140
 
 
@@ -156,6 +177,11 @@ def test_the_optimized_pipeline_yields_plain_images_and_caches_mirrors(tiny_spec
     train_mb = pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train)
     assert train_mb == 2 * pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train, training=False)
     assert "mirror -> cache" in pipeline.describe(knob, tiny_spec, tiny_spec.num_train, 8)
-    images, _ = next(iter(pipeline.build(tiny_spec.train_files, tiny_spec, knob, training=True,
-                                         num_examples=tiny_spec.num_train, batch_size=8)))
+    images, _ = next(
+        iter(
+            pipeline.build(
+                tiny_spec.train_files, tiny_spec, knob, training=True, num_examples=tiny_spec.num_train, batch_size=8
+            )
+        )
+    )
     assert images.shape == (8, *tiny_spec.image_shape)

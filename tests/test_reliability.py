@@ -18,31 +18,52 @@ import tensorflow as tf
 
 from tests.conftest import ROOT, TINY_DATA, data_sets
 from train import config, models, sources
+from train.errors import UserError
 from train.input import records
 from train.training import checkpoint, fit_loop, guards
-from train.errors import UserError
 
-QUICK = ["train.epochs=4", "pipeline.batch_size=16", "profile.enabled=false", "monitor.interval_s=0.05",
-         "model.name=tiny", "model.width=4"]
+QUICK = [
+    "train.epochs=4",
+    "pipeline.batch_size=16",
+    "profile.enabled=false",
+    "monitor.interval_s=0.05",
+    "model.name=tiny",
+    "model.width=4",
+]
 
 
 def fit_command(name: str, runs: Path, data_dir: Path, *extra: str) -> list[str]:
     sets = data_sets(data_dir) + QUICK + [f"runs_dir={runs}", "train.deterministic=true", *extra]
-    return [sys.executable, "-m", "train", "fit", "--config", "configs/optimized.yaml", "--name", name,
-            *[arg for item in sets for arg in ("--set", item)]]
+    return [
+        sys.executable,
+        "-m",
+        "train",
+        "fit",
+        "--config",
+        "configs/optimized.yaml",
+        "--name",
+        name,
+        *[arg for item in sets for arg in ("--set", item)],
+    ]
 
 
 def run_to_end(command: list[str]) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result
 
 
 def kill_after_checkpoint(command: list[str], run_dir: Path, mid_epoch: bool) -> None:
     """Start training and `kill -9` it as soon as a checkpoint of the wanted kind exists."""
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and process.poll() is None:
@@ -61,6 +82,7 @@ def final_weights(run_dir: Path) -> list[np.ndarray]:
     return [np.asarray(w) for w in keras.models.load_model(run_dir / "model.keras").get_weights()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mid_epoch", [False, True], ids=["at-epoch-end", "mid-epoch"])
 def test_kill_9_then_rerun_resumes_and_ends_where_an_uninterrupted_run_ends(tiny_data_dir, tmp_path, mid_epoch):
     runs = tmp_path / "runs"
@@ -107,13 +129,26 @@ def test_checkpoints_are_written_atomically_and_partial_ones_are_ignored(tiny_se
     assert not half.exists()
 
 
+@pytest.mark.slow
 def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(tmp_path):
     sets = [f"data.data_dir={tmp_path}", "data.num_train=4000", "data.num_val=500", "data.num_shards=4"]
-    command = [sys.executable, "-m", "train", "data", "--config", "configs/base.yaml",
-               *[arg for item in sets for arg in ("--set", item)]]
+    command = [
+        sys.executable,
+        "-m",
+        "train",
+        "data",
+        "--config",
+        "configs/base.yaml",
+        *[arg for item in sets for arg in ("--set", item)],
+    ]
     target = sources.SOURCES["synthetic"].dataset_dir(config.load(ROOT / "configs/base.yaml", sets).data, "")
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not list(target.parent.glob("incomplete.*/*")):
@@ -123,8 +158,9 @@ def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(t
         process.wait(timeout=30)
     assert list(target.parent.glob("incomplete.*")), "the build was not caught in progress"
     assert not (target / "dataset_info.json").exists()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Removed the leftovers of an interrupted build" in result.stdout
     assert not list(target.parent.glob("incomplete.*"))
@@ -133,6 +169,7 @@ def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(t
 
 
 # --- damaged data ---------------------------------------------------------------------------
+
 
 def copy_dataset(tiny_data_dir: Path, tmp_path: Path) -> tuple[Path, sources.DatasetSpec]:
     copy = tmp_path / "data"
@@ -147,7 +184,7 @@ def damage(path: str, kind: str) -> int:
     offsets, offset = [], 0
     while offset < len(data):
         offsets.append(offset)
-        length = int.from_bytes(data[offset:offset + 8], "little")
+        length = int.from_bytes(data[offset : offset + 8], "little")
         offset += 16 + length
     victim = 5
     if kind == "truncated":
@@ -188,8 +225,10 @@ def test_skip_corrupt_trains_on_the_rest_and_counts_what_it_skipped(tiny_data_di
     damage(spec.train_files[0], "bitflip")
     damage(spec.train_files[2], "bad_jpeg")
     damage(spec.val_files[3], "truncated")
-    cfg = config.load(ROOT / f"configs/{preset}.yaml",
-                      data_sets(copy) + QUICK + [f"runs_dir={tmp_path / 'runs'}", "pipeline.skip_corrupt=true"])
+    cfg = config.load(
+        ROOT / f"configs/{preset}.yaml",
+        data_sets(copy) + QUICK + [f"runs_dir={tmp_path / 'runs'}", "pipeline.skip_corrupt=true"],
+    )
     summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["skipped_records"] == 3
     assert all("record 5" in detail for detail in summary["skipped_record_details"])
@@ -201,6 +240,7 @@ def test_skip_corrupt_trains_on_the_rest_and_counts_what_it_skipped(tiny_data_di
 
 
 # --- guard rails ----------------------------------------------------------------------------
+
 
 @keras.saving.register_keras_serializable(package="tests")
 class NanAfter(keras.layers.Layer):
@@ -234,8 +274,9 @@ def nan_after_test(input_shape, num_classes, steps: int = 10):
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_sets):
-    cfg = config.load(ROOT / "configs/optimized.yaml",
-                      tiny_sets + QUICK + ["model.name=nan_after_test", "model.steps=10"])
+    cfg = config.load(
+        ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["model.name=nan_after_test", "model.steps=10"]
+    )
     with pytest.raises(UserError, match=r"loss became nan at step 11 .*last good checkpoint is kept at") as error:
         fit_loop.run(cfg, log=lambda message: None)
     assert "--fresh" in str(error.value)

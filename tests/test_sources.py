@@ -13,8 +13,15 @@ from train import config, models, sources
 from train.input import convert
 from train.training import fit_loop
 
-QUICK = ["train.epochs=2", "pipeline.batch_size=8", "pipeline.shuffle_buffer=64", "profile.enabled=false",
-         "monitor.interval_s=0.05", "model.name=tiny", "model.width=4"]
+QUICK = [
+    "train.epochs=2",
+    "pipeline.batch_size=8",
+    "pipeline.shuffle_buffer=64",
+    "profile.enabled=false",
+    "monitor.interval_s=0.05",
+    "model.name=tiny",
+    "model.width=4",
+]
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 
 
@@ -33,8 +40,13 @@ def make_image_folder(root: Path, per_class: int = 16) -> Path:
 
 
 def source_sets(tmp_path: Path, source: str, size: int = 32) -> list[str]:
-    return [f"data.source={source}", f"data.data_dir={tmp_path / 'built'}", f"data.image_size={size}",
-            "data.num_shards=2", f"runs_dir={tmp_path / 'runs'}"]
+    return [
+        f"data.source={source}",
+        f"data.data_dir={tmp_path / 'built'}",
+        f"data.image_size={size}",
+        "data.num_shards=2",
+        f"runs_dir={tmp_path / 'runs'}",
+    ]
 
 
 def test_an_image_folder_becomes_shards_and_trains_with_the_optimized_preset(tmp_path):
@@ -59,14 +71,18 @@ def test_both_presets_read_a_converted_folder_identically(tmp_path):
     cfg = config.load(ROOT / "configs/optimized.yaml", source_sets(tmp_path, f"imagefolder:{folder}"))
     spec, built = sources.prepare(cfg.data)
     assert built
-    from train import pipeline
+    from train.input import pipeline
 
     def examples(preset):
         knobs = config.load(ROOT / f"configs/{preset}.yaml", source_sets(tmp_path, f"imagefolder:{folder}")).pipeline
-        dataset = pipeline.build(spec.val_files, spec, knobs, training=False, num_examples=spec.num_val,
-                                 batch_size=knobs.batch_size)
-        return sorted((int(l), i.tobytes()) for images, labels in dataset for i, l in zip(images.numpy(),
-                                                                                       labels.numpy()))
+        dataset = pipeline.build(
+            spec.val_files, spec, knobs, training=False, num_examples=spec.num_val, batch_size=knobs.batch_size
+        )
+        return sorted(
+            (int(label), image.tobytes())
+            for images, labels in dataset
+            for image, label in zip(images.numpy(), labels.numpy())
+        )
 
     assert examples("naive") == examples("optimized")
 
@@ -110,26 +126,32 @@ def test_a_model_registered_by_the_forker_trains_by_name(tiny_sets):
         x = keras.layers.Dense(hidden, activation="relu")(x)
         return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
 
-    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK[:5] + ["model.name=forker_mlp",
-                                                                                 "model.hidden=16"])
+    cfg = config.load(
+        ROOT / "configs/optimized.yaml", tiny_sets + QUICK[:5] + ["model.name=forker_mlp", "model.hidden=16"]
+    )
     assert cfg.model.params == {"hidden": 16}
     summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["model"] == "forker_mlp" and summary["val_accuracy"] is not None
 
 
+@pytest.mark.slow
 def test_a_keras_applications_model_trains_on_the_tiny_dataset(tiny_sets):
-    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK[:5] + ["train.epochs=1",
-                                                                                 "model.name=mobilenet_v3_small"])
+    cfg = config.load(
+        ROOT / "configs/optimized.yaml", tiny_sets + QUICK[:5] + ["train.epochs=1", "model.name=mobilenet_v3_small"]
+    )
     summary = fit_loop.run(cfg, log=lambda message: None)
     assert summary["parameters"] > 100_000
 
 
-@pytest.mark.parametrize("layout, pattern", [
-    ("missing", r"does not exist"),
-    ("empty", r"holds no images"),
-    ("loose", r"no class sub-folders. Put each class in its own folder"),
-    ("one_class", r"only one class"),
-])
+@pytest.mark.parametrize(
+    "layout, pattern",
+    [
+        ("missing", r"does not exist"),
+        ("empty", r"holds no images"),
+        ("loose", r"no class sub-folders. Put each class in its own folder"),
+        ("one_class", r"only one class"),
+    ],
+)
 def test_bad_image_folders_fail_before_any_work(tmp_path, layout, pattern):
     root = tmp_path / "imgs"
     if layout != "missing":

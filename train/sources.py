@@ -99,8 +99,12 @@ def _synthetic_prepare(data: DataConfig, argument: str, target: Path) -> None:
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=data.num_shards))
 
 
-register_source("synthetic", describe="synthetic (the built-in shapes dataset)",
-                dataset_dir=_synthetic_dir, prepare=_synthetic_prepare)
+register_source(
+    "synthetic",
+    describe="synthetic (the built-in shapes dataset)",
+    dataset_dir=_synthetic_dir,
+    prepare=_synthetic_prepare,
+)
 
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -123,8 +127,9 @@ def imagefolder_listing(argument: str, val_fraction: float) -> dict:
     fixed `data.val_fraction` of each class (chosen by a hash of the file name) is held out.
     """
     if not argument:
-        raise UserError("data.source 'imagefolder:' needs a folder, e.g. imagefolder:my_images "
-                        "(with my_images/<class>/*.jpg).")
+        raise UserError(
+            "data.source 'imagefolder:' needs a folder, e.g. imagefolder:my_images (with my_images/<class>/*.jpg)."
+        )
     root = Path(argument).expanduser()
     if not root.is_dir():
         raise UserError(f"data.source imagefolder:{argument}: the folder {root} does not exist.")
@@ -141,12 +146,17 @@ def imagefolder_listing(argument: str, val_fraction: float) -> dict:
         if loose:
             raise UserError(
                 f"data.source imagefolder:{argument}: {root} has {len(loose)} images but no class sub-folders. "
-                f"Put each class in its own folder: {root}/<class name>/image.jpg (the folder name is the label).")
-        raise UserError(f"data.source imagefolder:{argument}: {root} holds no images "
-                        f"({', '.join(sorted(IMAGE_SUFFIXES))}) in class sub-folders.")
+                f"Put each class in its own folder: {root}/<class name>/image.jpg (the folder name is the label)."
+            )
+        raise UserError(
+            f"data.source imagefolder:{argument}: {root} holds no images "
+            f"({', '.join(sorted(IMAGE_SUFFIXES))}) in class sub-folders."
+        )
     if len(classes) < 2:
-        raise UserError(f"data.source imagefolder:{argument}: only one class ({classes[0]}) was found; a classifier "
-                        "needs at least two class sub-folders.")
+        raise UserError(
+            f"data.source imagefolder:{argument}: only one class ({classes[0]}) was found; a classifier "
+            "needs at least two class sub-folders."
+        )
     label = {name: index for index, name in enumerate(classes)}
     splits: dict[str, list[tuple[str, int]]] = {"train": [], "validation": []}
     if given_splits:
@@ -161,10 +171,12 @@ def imagefolder_listing(argument: str, val_fraction: float) -> dict:
                 digest = hashlib.sha1(str(path.relative_to(root)).encode()).digest()
                 split = "validation" if digest[0] / 256 < val_fraction else "train"
                 splits[split].append((str(path), label[name]))
-    for split, files in splits.items():
-        if not files:
-            raise UserError(f"data.source imagefolder:{argument}: the {split} split has no images; add images "
-                            "or change data.val_fraction.")
+    for split, paths in splits.items():
+        if not paths:
+            raise UserError(
+                f"data.source imagefolder:{argument}: the {split} split has no images; add images "
+                "or change data.val_fraction."
+            )
     return {"root": root, "classes": classes, "splits": splits}
 
 
@@ -173,8 +185,8 @@ def _imagefolder_dir(data: DataConfig, argument: str) -> Path:
 
     listing = imagefolder_listing(argument, data.val_fraction)
     fingerprint = hashlib.sha1()
-    for split, files in sorted(listing["splits"].items()):
-        for path, label in files:
+    for split, paths in sorted(listing["splits"].items()):
+        for path, label in paths:
             stat = os.stat(path)
             fingerprint.update(f"{split}|{path}|{label}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     name = f"{listing['root'].name or 'images'}-{fingerprint.hexdigest()[:10]}"
@@ -188,8 +200,8 @@ def _imagefolder_prepare(data: DataConfig, argument: str, target: Path) -> None:
     # Prefixed, so a folder named like a TFDS catalog dataset (mnist, ...) is never taken for it.
     writer = convert.DatasetWriter(target, "imagefolder_" + _identifier(listing["root"].name or "images"))
     unreadable = []
-    for split, files in listing["splits"].items():
-        _, problems = convert.convert_files(writer, split, files, data.image_size, data.num_shards)
+    for split, paths in listing["splits"].items():
+        _, problems = convert.convert_files(writer, split, paths, data.image_size, data.num_shards)
         unreadable += problems
     if unreadable:
         print(f"Skipped {len(unreadable)} unreadable image(s), e.g. {unreadable[0]}", flush=True)
@@ -248,10 +260,18 @@ def _is_built(directory: Path) -> bool:
     return (directory / "dataset_info.json").is_file()
 
 
-register_source("imagefolder", describe="imagefolder:PATH (PATH/<class>/*.jpg)",
-                dataset_dir=_imagefolder_dir, prepare=_imagefolder_prepare)
-register_source("tfds", describe="tfds:NAME (any tensorflow-datasets image classification dataset)",
-                dataset_dir=_tfds_dir, prepare=_tfds_prepare)
+register_source(
+    "imagefolder",
+    describe="imagefolder:PATH (PATH/<class>/*.jpg)",
+    dataset_dir=_imagefolder_dir,
+    prepare=_imagefolder_prepare,
+)
+register_source(
+    "tfds",
+    describe="tfds:NAME (any tensorflow-datasets image classification dataset)",
+    dataset_dir=_tfds_dir,
+    prepare=_tfds_prepare,
+)
 
 
 def remove_incomplete(directory: Path) -> list[Path]:

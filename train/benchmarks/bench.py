@@ -2,9 +2,9 @@
 
 The ceiling is the same model fed one batch of real examples repeated from memory: what
 the model does with zero input cost. The data-service variants run the optimized pipeline
-on 1 and 2 local tf.data service workers and ship the batches to the trainer over gRPC. `speedup` = optimized / naive and `efficiency` =
-optimized / ceiling, both from medians of the same run; min-max spreads are reported so a
-reader can judge the noise of a shared machine.
+on 1 and 2 local tf.data service workers and ship the batches to the trainer over gRPC.
+`speedup` = optimized / naive and `efficiency` = optimized / ceiling, both from medians of
+the same run; min-max spreads are reported so a reader can judge the noise of a shared machine.
 """
 
 from __future__ import annotations
@@ -28,25 +28,38 @@ def ratio(numerator: dict, denominator: dict) -> float | None:
 def write_tensorboard(out: Path, variants: list[trials.Variant]) -> None:
     """Every trial as a scalar, one TensorBoard run per variant (runs bench/tb/<variant>)."""
     for variant in variants:
-        files.write_scalars(out / "tb" / variant.name,
-                            [("bench/examples_per_sec", rate, index) for index, rate in enumerate(variant.samples)])
+        files.write_scalars(
+            out / "tb" / variant.name,
+            [("bench/examples_per_sec", rate, index) for index, rate in enumerate(variant.samples)],
+        )
 
 
 def _stats(variant: trials.Variant) -> dict:
-    return {**variant.stats(), "batch_size": variant.batch_size, "pipeline": variant.description,
-            "precision": variant.choices.precision, "jit_compile": variant.choices.jit_compile,
-            "steps_per_execution": variant.choices.steps_per_execution}
+    return {
+        **variant.stats(),
+        "batch_size": variant.batch_size,
+        "pipeline": variant.description,
+        "precision": variant.choices.precision,
+        "jit_compile": variant.choices.jit_compile,
+        "steps_per_execution": variant.choices.steps_per_execution,
+    }
 
 
 def table(result: dict) -> str:
     lines = [f"{'variant':<11}{'median ex/s':>13}{'min':>10}{'max':>10}  batch  pipeline"]
     for name, row in result["variants"].items():
-        lines.append(f"{name:<11}{row['median']:>13,.0f}{row['min']:>10,.0f}{row['max']:>10,.0f}  "
-                     f"{row['batch_size']:>5}  {row['pipeline']}")
-    lines.append(f"speedup (optimized / naive, medians): {result['speedup']:.2f}x "
-                 f"(per-trial ratios {result['speedup_range'][0]:.2f}-{result['speedup_range'][1]:.2f})")
-    lines.append(f"efficiency (optimized / ceiling, medians): {result['efficiency']:.2f} "
-                 f"(per-trial {result['efficiency_range'][0]:.2f}-{result['efficiency_range'][1]:.2f})")
+        lines.append(
+            f"{name:<11}{row['median']:>13,.0f}{row['min']:>10,.0f}{row['max']:>10,.0f}  "
+            f"{row['batch_size']:>5}  {row['pipeline']}"
+        )
+    lines.append(
+        f"speedup (optimized / naive, medians): {result['speedup']:.2f}x "
+        f"(per-trial ratios {result['speedup_range'][0]:.2f}-{result['speedup_range'][1]:.2f})"
+    )
+    lines.append(
+        f"efficiency (optimized / ceiling, medians): {result['efficiency']:.2f} "
+        f"(per-trial {result['efficiency_range'][0]:.2f}-{result['efficiency_range'][1]:.2f})"
+    )
     for name, value in result.get("data_service", {}).items():
         lines.append(f"{name} / local optimized (median of per-round ratios): {value:.2f}")
     return "\n".join(lines)
@@ -55,11 +68,16 @@ def table(result: dict) -> str:
 def main(args) -> int:
     scenario = scenario_lib.resolve(args.scenario)
     out = Path(args.out)
-    configs = {name: scenario.load(path, args.overrides, name=name)
-               for name, path in (("naive", args.naive), ("optimized", args.optimized))}
+    configs = {
+        name: scenario.load(path, args.overrides, name=name)
+        for name, path in (("naive", args.naive), ("optimized", args.optimized))
+    }
     spec, found = scenario_lib.begin(scenario, list(configs.values()), out)
-    print(f"Device: {found.describe()}. {args.trials} interleaved trials of >= {args.seconds:g} s per variant, "
-          "after warm-up.", flush=True)
+    print(
+        f"Device: {found.describe()}. {args.trials} interleaved trials of >= {args.seconds:g} s per variant, "
+        "after warm-up.",
+        flush=True,
+    )
     variants = [
         trials.prepare("naive", configs["naive"], spec, found),
         trials.prepare("optimized", configs["optimized"], spec, found),
@@ -84,8 +102,11 @@ def main(args) -> int:
             for workers in args.data_service_workers:
                 cluster = service.LocalCluster(workers)
                 clusters.append(cluster)
-                cfg = scenario.load(args.optimized, list(args.overrides) + [f"pipeline.data_service={cluster.target}"],
-                                    name=f"service_{workers}w")
+                cfg = scenario.load(
+                    args.optimized,
+                    list(args.overrides) + [f"pipeline.data_service={cluster.target}"],
+                    name=f"service_{workers}w",
+                )
                 served.append(trials.prepare(f"service_{workers}w", cfg, spec, found))
             trials.interleaved(served, args.trials, args.seconds)
         finally:

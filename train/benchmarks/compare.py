@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from train.benchmarks import report, scenario as scenario_lib
+from train.benchmarks import report
+from train.benchmarks import scenario as scenario_lib
 from train.errors import UserError
 
 
@@ -24,8 +25,10 @@ def fit_in_subprocess(config_path: str, overlays: list[str], overrides: list[str
     print("$ " + " ".join(command[1:]), flush=True)
     result = subprocess.run(command)
     if result.returncode != 0:
-        raise UserError(f"Training {config_path} failed (exit {result.returncode}); its output is above. "
-                        f"Rerun it alone with: python {' '.join(command[1:])}")
+        raise UserError(
+            f"Training {config_path} failed (exit {result.returncode}); its output is above. "
+            f"Rerun it alone with: python {' '.join(command[1:])}"
+        )
 
 
 def main(args) -> int:
@@ -36,9 +39,11 @@ def main(args) -> int:
     configs = {name: scenario.load(path, overrides, name=name) for name, path in presets.items()}
     naive, optimized = configs["naive"], configs["optimized"]
     if naive.data != optimized.data or naive.model != optimized.model:
-        raise UserError(f"{args.naive} and {args.optimized} must train the same data and model to be compared; "
-                        f"they differ in {'data' if naive.data != optimized.data else 'model'}. "
-                        "Put data and model in the shared base preset (configs/base.yaml).")
+        raise UserError(
+            f"{args.naive} and {args.optimized} must train the same data and model to be compared; "
+            f"they differ in {'data' if naive.data != optimized.data else 'model'}. "
+            "Put data and model in the shared base preset (configs/base.yaml)."
+        )
     scenario_lib.begin(scenario, [optimized])
 
     summaries = {}
@@ -50,6 +55,8 @@ def main(args) -> int:
     print()
     print(scenario.why + ".")
     print(report.table(result))
-    print(f"\nReport: {out}/report.md, {out}/report.png, {out}/report.json. "
-          f"Profiles: make tensorboard (Profile tab), or make diagnose LOGDIR={out}")
+    print(
+        f"\nReport: {out}/report.md, {out}/report.png, {out}/report.json. "
+        f"Profiles: make tensorboard (Profile tab), or make diagnose LOGDIR={out}"
+    )
     return 0

@@ -34,8 +34,10 @@ def load_ladder(path: Path) -> dict:
     for index, rung in enumerate(ladder["rungs"]):
         unknown = set(rung) - RUNG_KEYS
         if unknown or "name" not in rung or not isinstance(rung.get("set"), dict):
-            raise UserError(f"{path}: rung {index + 1} needs 'name' and a 'set' mapping; allowed keys: "
-                            f"{', '.join(sorted(RUNG_KEYS))}" + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+            raise UserError(
+                f"{path}: rung {index + 1} needs 'name' and a 'set' mapping; allowed keys: "
+                f"{', '.join(sorted(RUNG_KEYS))}" + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+            )
         if rung.get("keep", "always") not in ("always", "if_faster"):
             raise UserError(f"{path}: rung '{rung['name']}' has keep: {rung['keep']!r}; use always or if_faster.")
     return ladder
@@ -47,10 +49,18 @@ def _overrides(values: dict) -> list[str]:
 
 def _hparams(cfg) -> dict:
     p, t = cfg.pipeline, cfg.train
-    return {"reader": p.reader, "parallel_calls": str(p.parallel_calls), "cache": p.cache,
-            "prefetch": str(p.prefetch), "augment": p.augment, "batch_size": p.batch_size,
-            "precision": str(t.precision), "jit_compile": str(t.jit_compile),
-            "steps_per_execution": str(t.steps_per_execution), "strategy": t.strategy}
+    return {
+        "reader": p.reader,
+        "parallel_calls": str(p.parallel_calls),
+        "cache": p.cache,
+        "prefetch": str(p.prefetch),
+        "augment": p.augment,
+        "batch_size": p.batch_size,
+        "precision": str(t.precision),
+        "jit_compile": str(t.jit_compile),
+        "steps_per_execution": str(t.steps_per_execution),
+        "strategy": t.strategy,
+    }
 
 
 def main(args) -> int:
@@ -70,15 +80,23 @@ def main(args) -> int:
         configs.append(config_for(rung["name"], cumulative))
     out = Path(args.out)
     spec, found = scenario_lib.begin(scenario, configs, out, clean=True)
-    print(f"Device: {found.describe()}. Each rung: {args.trials} paired trials of >= {args.seconds:g} s "
-          "against the rung kept before it, after warm-up.", flush=True)
+    print(
+        f"Device: {found.describe()}. Each rung: {args.trials} paired trials of >= {args.seconds:g} s "
+        "against the rung kept before it, after warm-up.",
+        flush=True,
+    )
 
     base = trials.prepare("naive", first, spec, found)
     kept: list[str] = []
     rows = []
     for index, rung in enumerate(ladder["rungs"], start=1):
-        row = {"rung": index, "name": rung["name"], "why": rung.get("why", ""), "set": rung["set"],
-               "keep": rung.get("keep", "always")}
+        row = {
+            "rung": index,
+            "name": rung["name"],
+            "why": rung.get("why", ""),
+            "set": rung["set"],
+            "keep": rung.get("keep", "always"),
+        }
         needs = rung.get("needs_devices", 1)
         candidate_cfg = config_for(rung["name"], kept + _overrides(rung["set"]))
         device_count = max(len(found.gpus), candidate_cfg.train.cpu_replicas if not found.gpus else 0, 1)
@@ -111,9 +129,12 @@ def main(args) -> int:
             pipeline=candidate.description,
             hparams=_hparams(candidate.cfg),
         )
-        print(f"    {candidate.stats()['median']:,.0f} examples/s, x{gain:.2f} vs previous "
-              f"({row['gain_range'][0]:.2f}-{row['gain_range'][1]:.2f})"
-              + ("" if keep else "  -> slower on this device: not kept"), flush=True)
+        print(
+            f"    {candidate.stats()['median']:,.0f} examples/s, x{gain:.2f} vs previous "
+            f"({row['gain_range'][0]:.2f}-{row['gain_range'][1]:.2f})"
+            + ("" if keep else "  -> slower on this device: not kept"),
+            flush=True,
+        )
         rows.append(row)
         if keep:
             kept += _overrides(rung["set"])
@@ -132,9 +153,16 @@ def main(args) -> int:
             running *= row["gain"]
         row["cumulative_speedup"] = running
 
-    result = {"device": found.describe(), "scenario": scenario.why, "ladder": str(ladder_path), "trials": args.trials,
-              "trial_seconds": args.seconds, "naive_examples_per_sec": naive_rate, "rungs": rows,
-              "final_speedup": running}
+    result = {
+        "device": found.describe(),
+        "scenario": scenario.why,
+        "ladder": str(ladder_path),
+        "trials": args.trials,
+        "trial_seconds": args.seconds,
+        "naive_examples_per_sec": naive_rate,
+        "rungs": rows,
+        "final_speedup": running,
+    }
     files.write_json(out / "ladder.json", result)
     files.write_text(out / "ladder.md", markdown(result))
     chart(result, out / "ladder.png")
@@ -146,9 +174,11 @@ def main(args) -> int:
 
 
 def markdown_table(result: dict) -> str:
-    lines = ["| # | rung | examples/s (median, min-max) | gain vs previous | kept | input-bound | cumulative |",
-             "|---|---|---:|---:|:---:|---:|---:|",
-             f"| 0 | naive | {result['naive_examples_per_sec']:,.0f} | | | | 1.00x |"]
+    lines = [
+        "| # | rung | examples/s (median, min-max) | gain vs previous | kept | input-bound | cumulative |",
+        "|---|---|---:|---:|:---:|---:|---:|",
+        f"| 0 | naive | {result['naive_examples_per_sec']:,.0f} | | | | 1.00x |",
+    ]
     for row in result["rungs"]:
         if "skipped" in row:
             lines.append(f"| {row['rung']} | {row['name']} | skipped: {row['skipped']} | | | | |")
@@ -164,22 +194,24 @@ def markdown_table(result: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    return "\n".join([
-        "# Optimization ladder",
-        "",
-        f"Device: **{result['device']}**. {result['scenario']}. {result['trials']} paired, interleaved trials "
-        f"of at least {result['trial_seconds']:g} s per rung against the rung kept before it; warm-up excluded. "
-        "*gain* is the median of the per-round ratios against the previous rung; *cumulative* is the product "
-        "of the kept gains. Input-bound shares come from a short profile of each rung (n/a with "
-        "steps_per_execution > 1: xprof finds no step markers inside a multi-step execution).",
-        "",
-        "![waterfall](ladder.png)",
-        "",
-        markdown_table(result),
-        "",
-        "Why each rung: " + "; ".join(f"**{r['name']}**: {r['why']}" for r in result["rungs"]) + ".",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# Optimization ladder",
+            "",
+            f"Device: **{result['device']}**. {result['scenario']}. {result['trials']} paired, interleaved trials "
+            f"of at least {result['trial_seconds']:g} s per rung against the rung kept before it; warm-up excluded. "
+            "*gain* is the median of the per-round ratios against the previous rung; *cumulative* is the product "
+            "of the kept gains. Input-bound shares come from a short profile of each rung (n/a with "
+            "steps_per_execution > 1: xprof finds no step markers inside a multi-step execution).",
+            "",
+            "![waterfall](ladder.png)",
+            "",
+            markdown_table(result),
+            "",
+            "Why each rung: " + "; ".join(f"**{r['name']}**: {r['why']}" for r in result["rungs"]) + ".",
+            "",
+        ]
+    )
 
 
 def chart(result: dict, path: Path) -> None:
@@ -190,8 +222,15 @@ def chart(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     level = result["naive_examples_per_sec"]
-    labels, bottoms, heights, colours, hatches, notes, shares = ["naive"], [0.0], [level], ["#7f7f7f"], [""], [""], \
-        [None]
+    labels, bottoms, heights, colours, hatches, notes, shares = (
+        ["naive"],
+        [0.0],
+        [level],
+        ["#7f7f7f"],
+        [""],
+        [""],
+        [None],
+    )
     for row in result["rungs"]:
         labels.append(row["name"])
         if "skipped" in row:
@@ -215,8 +254,11 @@ def chart(result: dict, path: Path) -> None:
             ax.text(index, bottoms[index] + heights[index], note, ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("examples / second (naive median x cumulative gain)")
-    ax.set_title(f"Optimization ladder - {result['device']} - {result['final_speedup']:.1f}x overall\n"
-                 "green: faster, red: slower (hatched: slower here, not kept)", fontsize=9)
+    ax.set_title(
+        f"Optimization ladder - {result['device']} - {result['final_speedup']:.1f}x overall\n"
+        "green: faster, red: slower (hatched: slower here, not kept)",
+        fontsize=9,
+    )
     twin = ax.twinx()
     xs = [i for i, share in enumerate(shares) if share is not None]
     twin.plot(xs, [shares[i] for i in xs], "o--", color="#1f77b4", label="waiting for input (% of step)")

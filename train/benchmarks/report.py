@@ -37,7 +37,9 @@ def run_row(summary: dict) -> dict:
         precision=summary.get("choices", {}).get("precision"),
         jit_compile=summary.get("choices", {}).get("jit_compile"),
         steps_per_execution=summary.get("choices", {}).get("steps_per_execution"),
-        step_breakdown_ms={key: profile.get(key) for key, _, _ in BREAKDOWN} if profile.get("has_step_markers") else None,
+        step_breakdown_ms={key: profile.get(key) for key, _, _ in BREAKDOWN}
+        if profile.get("has_step_markers")
+        else None,
         slow_stage=(profile.get("slow_stages") or [{}])[0].get("stage"),
         gpu_unavailable_reason=(summary.get("utilization") or {}).get("gpu_unavailable_reason"),
         run_dir=summary.get("run_dir"),
@@ -111,8 +113,10 @@ def markdown(report: dict) -> str:
         ("slowest tf.data stage", "slow_stage", 0, ""),
     ):
         if key is None:
-            cells = [f"{r['precision']} / {r['jit_compile']} / {r['steps_per_execution']}"
-                     for r in (report["runs"][n] for n in names)]
+            cells = [
+                f"{r['precision']} / {r['jit_compile']} / {r['steps_per_execution']}"
+                for r in (report["runs"][n] for n in names)
+            ]
         else:
             cells = [_fmt(report["runs"][n][key], digits, suffix) for n in names]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -162,17 +166,19 @@ def chart(report: dict, path: Path) -> None:
     ax.legend(fontsize=8)
 
     ax = axes[2]
-    metrics = [("input_bound_percent", "waiting for input"), ("device_busy_percent", "device busy"),
-               ("gpu_utilization_percent", "GPU util (NVML)"), ("cpu_utilization_percent", "CPU util")]
+    metrics = [
+        ("input_bound_percent", "waiting for input"),
+        ("device_busy_percent", "device busy"),
+        ("gpu_utilization_percent", "GPU util (NVML)"),
+        ("cpu_utilization_percent", "CPU util"),
+    ]
     width = 0.8 / len(runs)
     for index, (name, run) in enumerate(zip(names, runs)):
         xs = [m + index * width for m in range(len(metrics))]
         heights = [run[key] if run[key] is not None else 0 for key, _ in metrics]
         bars = ax.bar(xs, heights, width=width, label=name)
-        ax.bar_label(bars, labels=["n/a" if run[key] is None else f"{run[key]:.0f}" for key, _ in metrics],
-                     fontsize=7)
-    ax.set_xticks([m + width * (len(runs) - 1) / 2 for m in range(len(metrics))], [m[1] for m in metrics],
-                  fontsize=8)
+        ax.bar_label(bars, labels=["n/a" if run[key] is None else f"{run[key]:.0f}" for key, _ in metrics], fontsize=7)
+    ax.set_xticks([m + width * (len(runs) - 1) / 2 for m in range(len(metrics))], [m[1] for m in metrics], fontsize=8)
     ax.set_ylim(0, 110)
     ax.set_title("Utilization (% of time)")
     ax.legend(fontsize=8)

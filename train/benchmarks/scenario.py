@@ -40,14 +40,19 @@ def resolve(choice: str) -> Scenario:
     if choice != "auto":
         path = files.project_file(choice)
         if not path.is_file():
-            raise UserError(f"--scenario '{choice}' is not a file. Use auto, none, or a YAML overlay such as "
-                            f"{CPU_SCENARIO}.")
+            raise UserError(
+                f"--scenario '{choice}' is not a file. Use auto, none, or a YAML overlay such as {CPU_SCENARIO}."
+            )
         return Scenario([str(path)], f"scenario overlay {choice}")
     if has_gpu():
         return Scenario([], "GPU found: every preset as written")
-    return Scenario([str(files.project_file(CPU_SCENARIO))], (
-        f"No GPU found: running the CPU scenario that mirrors a fast GPU ({CPU_SCENARIO}: a tiny model, so the "
-        "input pipeline, not the model, limits throughput, as it does on an accelerator)"))
+    return Scenario(
+        [str(files.project_file(CPU_SCENARIO))],
+        (
+            f"No GPU found: running the CPU scenario that mirrors a fast GPU ({CPU_SCENARIO}: a tiny model, so the "
+            "input pipeline, not the model, limits throughput, as it does on an accelerator)"
+        ),
+    )
 
 
 def begin(scenario: Scenario, configs: list[Config], out: Path | None = None, clean: bool = False):

@@ -17,6 +17,7 @@ from train.benchmarks import scenario as scenario_lib
 from train.benchmarks import trials
 from train.measure.monitor import Sampler
 
+
 def _is_oom(error: Exception) -> bool:
     import tensorflow as tf
 
@@ -32,16 +33,20 @@ def main(args) -> int:
     while size <= args.max:
         sizes.append(size)
         size *= 2
-    print(f"Device: {found.describe()}. Batch sizes {sizes[0]}..{sizes[-1]}, {args.trials} trials of "
-          f">= {args.seconds:g} s each after warm-up.", flush=True)
+    print(
+        f"Device: {found.describe()}. Batch sizes {sizes[0]}..{sizes[-1]}, {args.trials} trials of "
+        f">= {args.seconds:g} s each after warm-up.",
+        flush=True,
+    )
 
     points, largest, stop_reason = [], None, f"reached --max {args.max}"
     for batch in sizes:
         if batch > spec.num_train:
             stop_reason = f"batch {batch} is larger than the training split ({spec.num_train} examples)"
             break
-        cfg = scenario.load(args.optimized, list(args.overrides) + [f"pipeline.batch_size={batch}"],
-                            name=f"batch_{batch}")
+        cfg = scenario.load(
+            args.optimized, list(args.overrides) + [f"pipeline.batch_size={batch}"], name=f"batch_{batch}"
+        )
         sampler = Sampler(interval_s=0.2)
         try:
             variant = trials.prepare(f"batch {batch}", cfg, spec, found)
@@ -60,26 +65,38 @@ def main(args) -> int:
             break
         usage = sampler.summary()
         stats = variant.stats()
-        points.append({
-            "batch_size": batch,
-            "status": "ok",
-            "examples_per_sec": stats,
-            "input_bound_percent": profile["input_bound_percent"] if profile else None,
-            "device_busy_percent": profile["device_busy_percent"] if profile else None,
-            "cpu_utilization_percent": (usage["cpu_utilization_percent"] or {}).get("mean"),
-            "gpu_utilization_percent": usage["gpu_utilization_percent"],
-        })
+        points.append(
+            {
+                "batch_size": batch,
+                "status": "ok",
+                "examples_per_sec": stats,
+                "input_bound_percent": profile["input_bound_percent"] if profile else None,
+                "device_busy_percent": profile["device_busy_percent"] if profile else None,
+                "cpu_utilization_percent": (usage["cpu_utilization_percent"] or {}).get("mean"),
+                "gpu_utilization_percent": usage["gpu_utilization_percent"],
+            }
+        )
         largest = batch
-        print(f"  batch {batch}: {stats['median']:,.0f} examples/s ({stats['min']:,.0f}-{stats['max']:,.0f})"
-              + (f", {profile['input_bound_percent']:.1f}% waiting for input" if profile else ""), flush=True)
+        print(
+            f"  batch {batch}: {stats['median']:,.0f} examples/s ({stats['min']:,.0f}-{stats['max']:,.0f})"
+            + (f", {profile['input_bound_percent']:.1f}% waiting for input" if profile else ""),
+            flush=True,
+        )
         del variant
         gc.collect()
 
     ok = [p for p in points if p["status"] == "ok"]
     best = max(ok, key=lambda p: p["examples_per_sec"]["median"]) if ok else None
-    result = {"device": found.describe(), "scenario": scenario.why, "model": base.model.name,
-              "image_shape": list(spec.image_shape), "points": points, "largest_batch_that_fit": largest,
-              "stopped_because": stop_reason, "fastest_batch": best and best["batch_size"]}
+    result = {
+        "device": found.describe(),
+        "scenario": scenario.why,
+        "model": base.model.name,
+        "image_shape": list(spec.image_shape),
+        "points": points,
+        "largest_batch_that_fit": largest,
+        "stopped_because": stop_reason,
+        "fastest_batch": best and best["batch_size"],
+    }
     files.write_json(out / "sweep.json", result)
     chart(result, out / "sweep.png")
     write_tensorboard(out, ok)
@@ -105,9 +122,11 @@ def chart(result: dict, path: Path) -> None:
     left.set_xlabel("batch size")
     left.set_ylabel("examples / second (median, min-max)")
     left.set_title(f"Throughput - largest batch that fit: {result['largest_batch_that_fit']}")
-    for key, label in (("input_bound_percent", "waiting for input (profiler)"),
-                       ("gpu_utilization_percent", "GPU utilization (NVML)"),
-                       ("cpu_utilization_percent", "CPU utilization")):
+    for key, label in (
+        ("input_bound_percent", "waiting for input (profiler)"),
+        ("gpu_utilization_percent", "GPU utilization (NVML)"),
+        ("cpu_utilization_percent", "CPU utilization"),
+    ):
         values = [(p["batch_size"], p[key]) for p in ok if p[key] is not None]
         if values:
             right.plot(*zip(*values), "o-", label=label)
@@ -125,6 +144,15 @@ def chart(result: dict, path: Path) -> None:
 
 def write_tensorboard(out: Path, points: list[dict]) -> None:
     keys = ("input_bound_percent", "cpu_utilization_percent", "gpu_utilization_percent")
-    files.write_scalars(out / "tb", [
-        (f"sweep/{key}", point["examples_per_sec"]["median"] if key == "examples_per_sec" else point[key],
-         point["batch_size"]) for point in points for key in ("examples_per_sec", *keys)])
+    files.write_scalars(
+        out / "tb",
+        [
+            (
+                f"sweep/{key}",
+                point["examples_per_sec"]["median"] if key == "examples_per_sec" else point[key],
+                point["batch_size"],
+            )
+            for point in points
+            for key in ("examples_per_sec", *keys)
+        ],
+    )

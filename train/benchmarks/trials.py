@@ -93,8 +93,16 @@ def summarize(samples: list[float]) -> dict:
     }
 
 
-def prepare(name: str, cfg: Config, spec: DatasetSpec, found: devices.Devices, *, ceiling: bool = False,
-            warmup_seconds: float = 2.0, log: Callable[[str], None] = print) -> Variant:
+def prepare(
+    name: str,
+    cfg: Config,
+    spec: DatasetSpec,
+    found: devices.Devices,
+    *,
+    ceiling: bool = False,
+    warmup_seconds: float = 2.0,
+    log: Callable[[str], None] = print,
+) -> Variant:
     """Set up (as a run is: training/setup.py), compile and warm up one variant.
 
     Warm-up runs at least one full epoch when the pipeline caches (the cache fills there) and
@@ -109,8 +117,15 @@ def prepare(name: str, cfg: Config, spec: DatasetSpec, found: devices.Devices, *
     setup.check_batch_size(cfg, spec, replicas)
     knobs = cfg.pipeline
     batch_size = knobs.batch_size * replicas
-    dataset = pipeline.build(spec.train_files, spec, knobs, training=True, num_examples=spec.num_train,
-                             batch_size=batch_size, seed=cfg.train.seed)
+    dataset = pipeline.build(
+        spec.train_files,
+        spec,
+        knobs,
+        training=True,
+        num_examples=spec.num_train,
+        batch_size=batch_size,
+        seed=cfg.train.seed,
+    )
     if ceiling:
         batch = next(iter(dataset))
         dataset = tf.data.Dataset.from_tensors(batch).repeat().prefetch(2)
@@ -123,15 +138,18 @@ def prepare(name: str, cfg: Config, spec: DatasetSpec, found: devices.Devices, *
     model = setup.build_model(cfg, spec, choices, strategy)
     model.make_train_function()
     variant = Variant(name, cfg, choices, model, iter(dataset), batch_size, description)
-    epoch_calls = -(-pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder)
-                    // choices.steps_per_execution)
+    epoch_calls = -(
+        -pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder) // choices.steps_per_execution
+    )
     caches = pipeline.cache_enabled(knobs, spec, spec.num_train) and not ceiling
     started = time.perf_counter()
     variant.run(epoch_calls + 1 if caches else 3)
     while time.perf_counter() - started < warmup_seconds:
         variant.run(1)
-    log(f"  ready: {name} ({description}; precision {choices.precision}, XLA {choices.jit_compile}, "
-        f"{choices.steps_per_execution} steps/execution) after {time.perf_counter() - started:.1f} s of warm-up")
+    log(
+        f"  ready: {name} ({description}; precision {choices.precision}, XLA {choices.jit_compile}, "
+        f"{choices.steps_per_execution} steps/execution) after {time.perf_counter() - started:.1f} s of warm-up"
+    )
     return variant
 
 

@@ -108,8 +108,7 @@ def tf_augment_batch(index, batch, seed: int = 0):
     shift = max_shift(int(stacked.shape[1]) // 2)
     key = _seed(seed, index)
     flips = tf.random.stateless_uniform([2, size], seed=key) < 0.5
-    dy = tf.random.stateless_uniform([size], seed=key + [0, 1 << 40], minval=-shift, maxval=shift + 1,
-                                     dtype=tf.int32)
+    dy = tf.random.stateless_uniform([size], seed=key + [0, 1 << 40], minval=-shift, maxval=shift + 1, dtype=tf.int32)
     return tf_apply_mirrored(stacked, flips[0], flips[1], dy), labels
 
 

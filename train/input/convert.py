@@ -43,10 +43,14 @@ def square_jpeg(image: Image.Image, size: int) -> bytes:
 def serialize(jpeg: bytes, label: int) -> bytes:
     from tensorflow.core.example import example_pb2, feature_pb2
 
-    example = example_pb2.Example(features=feature_pb2.Features(feature={
-        "image": feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[jpeg])),
-        "label": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[label])),
-    }))
+    example = example_pb2.Example(
+        features=feature_pb2.Features(
+            feature={
+                "image": feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[jpeg])),
+                "label": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[label])),
+            }
+        )
+    )
     return example.SerializeToString()
 
 
@@ -83,14 +87,19 @@ class DatasetWriter:
     def finish(self, class_names: Sequence[str], image_size: int, description: str) -> None:
         import tensorflow_datasets as tfds
 
-        features = tfds.features.FeaturesDict({
-            "image": tfds.features.Image(shape=(image_size, image_size, 3), encoding_format="jpeg"),
-            "label": tfds.features.ClassLabel(names=list(class_names)),
-        })
+        features = tfds.features.FeaturesDict(
+            {
+                "image": tfds.features.Image(shape=(image_size, image_size, 3), encoding_format="jpeg"),
+                "label": tfds.features.ClassLabel(names=list(class_names)),
+            }
+        )
         tfds.folder_dataset.write_metadata(
-            data_dir=str(self.staging), features=features, description=description,
+            data_dir=str(self.staging),
+            features=features,
+            description=description,
             filename_template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
-            supervised_keys=("image", "label"), check_data=False,
+            supervised_keys=("image", "label"),
+            check_data=False,
         )
         if self.target.exists():
             shutil.rmtree(self.target)
@@ -113,8 +122,14 @@ def _encode_file(job: tuple[str, int]) -> tuple[bytes | None, str]:
         return None, f"{path}: {error}"
 
 
-def convert_files(writer: DatasetWriter, split: str, files: Sequence[tuple[str, int]], size: int,
-                  num_shards: int, log: Callable[[str], None] = print) -> tuple[int, list[str]]:
+def convert_files(
+    writer: DatasetWriter,
+    split: str,
+    files: Sequence[tuple[str, int]],
+    size: int,
+    num_shards: int,
+    log: Callable[[str], None] = print,
+) -> tuple[int, list[str]]:
     """Encode image files in parallel processes into `num_shards` shards; skip unreadable files."""
     from multiprocessing import get_context
 
@@ -140,8 +155,14 @@ def convert_files(writer: DatasetWriter, split: str, files: Sequence[tuple[str, 
     return written, unreadable
 
 
-def convert_examples(writer: DatasetWriter, split: str, examples: Iterable[tuple[np.ndarray, int]], size: int,
-                     num_shards: int, total: int | None = None) -> int:
+def convert_examples(
+    writer: DatasetWriter,
+    split: str,
+    examples: Iterable[tuple[np.ndarray, int]],
+    size: int,
+    num_shards: int,
+    total: int | None = None,
+) -> int:
     """Encode decoded examples (uint8 HxWxC, label) round-robin into `num_shards` shards."""
     shards: list[list[bytes]] = [[] for _ in range(num_shards)]
     bar = progress(total or 0, f"{split}: encoding")

@@ -115,8 +115,9 @@ def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bo
     return tf.data.Dataset.from_generator(examples, output_signature=signature)
 
 
-def _tfrecord_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bool, seed: int,
-                     damaged: dict[str, list[bytes]]) -> tf.data.Dataset:
+def _tfrecord_reader(
+    files, spec: DatasetSpec, knobs: PipelineConfig, training: bool, seed: int, damaged: dict[str, list[bytes]]
+) -> tf.data.Dataset:
     """Shard list -> interleaved TFRecord reads -> parallel parse and decode.
 
     `damaged` holds the readable records of shards with damaged ones (found by a scan when
@@ -146,8 +147,9 @@ def _tfrecord_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: 
         example = tf.io.parse_single_example(payload, spec_features)
         return decode_image(example["image"], spec), example["label"]
 
-    return serialized.map(parse_and_decode, num_parallel_calls=_auto(knobs.parallel_calls),
-                          deterministic=knobs.deterministic)
+    return serialized.map(
+        parse_and_decode, num_parallel_calls=_auto(knobs.parallel_calls), deterministic=knobs.deterministic
+    )
 
 
 def options(knobs: PipelineConfig) -> tf.data.Options:
@@ -189,8 +191,7 @@ def build(
         dataset = _tfrecord_reader(files, spec, knobs, training, seed, damaged or {})
     parallel_calls = _auto(knobs.parallel_calls)
     if mirrored(knobs, training):
-        dataset = dataset.map(augment.add_mirror, num_parallel_calls=parallel_calls,
-                              deterministic=knobs.deterministic)
+        dataset = dataset.map(augment.add_mirror, num_parallel_calls=parallel_calls, deterministic=knobs.deterministic)
     if cache_enabled(knobs, spec, num_examples, training):
         dataset = dataset.cache()
     if training and knobs.shuffle_buffer:
@@ -199,7 +200,9 @@ def build(
         # Indexed within the epoch; the shuffle gives each position a different example every epoch.
         dataset = dataset.enumerate().map(
             lambda index, example: augment.tf_augment_one(index, example, seed),
-            num_parallel_calls=parallel_calls, deterministic=knobs.deterministic)
+            num_parallel_calls=parallel_calls,
+            deterministic=knobs.deterministic,
+        )
     dataset = dataset.batch(batch_size, drop_remainder=training and knobs.drop_remainder)
     if training:
         dataset = dataset.repeat()
@@ -207,7 +210,9 @@ def build(
         # Indexed batches: augmentation draws are stateless functions of (seed, batch index).
         dataset = dataset.enumerate().map(
             lambda index, batch: augment.tf_augment_batch(index, batch, seed),
-            num_parallel_calls=parallel_calls, deterministic=knobs.deterministic)
+            num_parallel_calls=parallel_calls,
+            deterministic=knobs.deterministic,
+        )
     if training:
         if knobs.data_service:
             dataset = to_service(dataset, knobs, job_name=f"train-{seed}")
@@ -223,9 +228,13 @@ def to_service(dataset: tf.data.Dataset, knobs: PipelineConfig, job_name: str | 
     distributed_epoch: the dispatcher splits the shards between the workers (each example
     once in all); consumers of the same job share one stream.
     """
-    return dataset.apply(tf.data.experimental.service.distribute(
-        processing_mode=knobs.data_service_mode, service=knobs.data_service,
-        job_name=job_name if knobs.data_service_mode == "distributed_epoch" else None))
+    return dataset.apply(
+        tf.data.experimental.service.distribute(
+            processing_mode=knobs.data_service_mode,
+            service=knobs.data_service,
+            job_name=job_name if knobs.data_service_mode == "distributed_epoch" else None,
+        )
+    )
 
 
 def steps_per_epoch(num_examples: int, batch_size: int, drop_remainder: bool) -> int:

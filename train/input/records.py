@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import google_crc32c
 
+
 class CorruptRecord(ValueError):
     """A record that cannot be read: names the shard, the record index and what is wrong."""
 
@@ -55,14 +56,20 @@ def read_records(path: str) -> Iterator[tuple[int, bytes | CorruptRecord]]:
                 return
             length, length_crc = struct.unpack("<QI", header)
             if _masked_crc(header[:8]) != length_crc:
-                yield index, CorruptRecord(path, index, "corrupt length field; the rest of the shard is unreadable",
-                                           framing_lost=True)
+                yield (
+                    index,
+                    CorruptRecord(
+                        path, index, "corrupt length field; the rest of the shard is unreadable", framing_lost=True
+                    ),
+                )
                 return
             payload = handle.read(length)
             footer = handle.read(4)
             if len(payload) < length or len(footer) < 4:
-                yield index, CorruptRecord(path, index, f"truncated ({len(payload)} of {length} bytes)",
-                                           framing_lost=True)
+                yield (
+                    index,
+                    CorruptRecord(path, index, f"truncated ({len(payload)} of {length} bytes)", framing_lost=True),
+                )
                 return
             if _masked_crc(payload) != struct.unpack("<I", footer)[0]:
                 yield index, CorruptRecord(path, index, "corrupt data (CRC mismatch)")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 
 LISTEN_WARNING = (
     "note: tf.data service servers listen on all interfaces (TensorFlow has no bind-address option); "
@@ -30,11 +29,12 @@ def dispatcher(port: int, work_dir: str | None = None) -> None:
     import tensorflow as tf
 
     config = tf.data.experimental.service.DispatcherConfig(
-        port=port, work_dir=work_dir, fault_tolerant_mode=bool(work_dir))
+        port=port, work_dir=work_dir, fault_tolerant_mode=bool(work_dir)
+    )
     server = tf.data.experimental.service.DispatchServer(config)
     print(f"tf.data service dispatcher: {server.target}", flush=True)
     print(LISTEN_WARNING.format(port=port), file=sys.stderr, flush=True)
-    _serve("dispatcher")
+    _serve("dispatcher", server)
 
 
 def worker(port: int, dispatcher_address: str, advertised_host: str = "localhost") -> None:
@@ -42,25 +42,30 @@ def worker(port: int, dispatcher_address: str, advertised_host: str = "localhost
 
     address = dispatcher_address.removeprefix("grpc://")
     config = tf.data.experimental.service.WorkerConfig(
-        dispatcher_address=address, worker_address=f"{advertised_host}:{port}", port=port)
+        dispatcher_address=address, worker_address=f"{advertised_host}:{port}", port=port
+    )
     server = tf.data.experimental.service.WorkerServer(config)
     print(f"tf.data service worker {advertised_host}:{port} -> dispatcher {address}", flush=True)
     print(LISTEN_WARNING.format(port=port), file=sys.stderr, flush=True)
-    _serve("worker")
+    _serve("worker", server)
 
 
-def _serve(role: str) -> None:
-    """Serve until Ctrl-C or SIGTERM (`docker compose stop`), then exit cleanly.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
-    The servers run on TensorFlow's own threads; `server.join()` would block in C++ where
-    Python never sees Ctrl-C, so the main thread sleeps in Python instead.
+
+def _serve(role: str, server) -> None:
+    """Serve until the first Ctrl-C or SIGTERM (`docker compose stop`), then exit cleanly.
+
+    `main` blocked both signals before TensorFlow started its threads, and threads inherit
+    the mask: a process-directed signal then stays pending until this main thread takes it
+    with `sigwait`. Otherwise it could land on one of TensorFlow's threads, and Python, which
+    runs handlers only in the main thread, might not notice for minutes (observed: a
+    dispatcher that ignored the first SIGTERM). `server` is held until the signal comes.
     """
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        while True:
-            time.sleep(3600)
-    except (KeyboardInterrupt, SystemExit):
-        print(f"tf.data service {role} stopped", flush=True)
+    received = signal.sigwait(STOP_SIGNALS)
+    print(
+        f"tf.data service {role} stopped ({signal.Signals(received).name}; {type(server).__name__} closed)", flush=True
+    )
 
 
 class LocalCluster:
@@ -72,8 +77,7 @@ class LocalCluster:
         service = tf.data.experimental.service
         self.dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
         address = self.dispatcher.target.split("://", 1)[1]
-        self.workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
-                        for _ in range(workers)]
+        self.workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address)) for _ in range(workers)]
 
     @property
     def target(self) -> str:
@@ -84,7 +88,7 @@ class LocalCluster:
             worker._stop()
         self.dispatcher._stop()
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -92,8 +96,12 @@ class LocalCluster:
 
 
 def main(args) -> int:
-    if args.role == "dispatcher":
-        dispatcher(args.port, args.work_dir)
-    else:
-        worker(args.port, args.dispatcher, args.advertise)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # before TensorFlow starts any thread
+    try:
+        if args.role == "dispatcher":
+            dispatcher(args.port, args.work_dir)
+        else:
+            worker(args.port, args.dispatcher, args.advertise)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     return 0

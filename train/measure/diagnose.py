@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from train.measure import analysis
 from train.errors import UserError
+from train.measure import analysis
 
 HOW_TO_CAPTURE = (
     "Capture a profile with step markers: in this template every `python -m train fit` does it "
@@ -29,25 +29,34 @@ HOW_TO_CAPTURE = (
 
 # The tf.data stage that takes the most time -> what to change (and the knob that does it here).
 STAGE_ADVICE = [
-    (("Generator", "PyFunc", "FlatMap"),
-     "Python code produces the examples one at a time: read TFRecord shards with tf.data "
-     "(interleave + map with num_parallel_calls=AUTOTUNE) instead of from_generator "
-     "(pipeline.reader: tfrecord)."),
-    (("ParallelMap",),
-     "Decoding/augmenting is the slowest stage even in parallel: cache decoded examples "
-     "(pipeline.cache), augment whole batches with vectorized ops (pipeline.augment: batched), "
-     "or move the work offline or to tf.data service workers (pipeline.data_service)."),
-    (("Map", "MapAndBatch"),
-     "A map (decode/augment) is the slowest stage: give it num_parallel_calls=tf.data.AUTOTUNE "
-     "(pipeline.parallel_calls: auto); if it is already parallel, cache decoded examples (pipeline.cache) "
-     "and augment whole batches with vectorized ops (pipeline.augment: batched)."),
-    (("TFRecord", "FixedLengthRecord", "TextLine", "Interleave", "ParallelInterleave"),
-     "Reading files is the slowest stage: read shards in parallel with interleave "
-     "(pipeline.parallel_reads), use more shards of 100-200 MB, keep data on local disk, cache after decode."),
-    (("Shuffle",),
-     "The shuffle buffer is slow to refill: shuffle the file order and use a smaller element buffer."),
-    (("Batch", "ParallelBatch", "Padded"),
-     "Batching is expensive: batch before per-element work and vectorize that work after batch."),
+    (
+        ("Generator", "PyFunc", "FlatMap"),
+        "Python code produces the examples one at a time: read TFRecord shards with tf.data "
+        "(interleave + map with num_parallel_calls=AUTOTUNE) instead of from_generator "
+        "(pipeline.reader: tfrecord).",
+    ),
+    (
+        ("ParallelMap",),
+        "Decoding/augmenting is the slowest stage even in parallel: cache decoded examples "
+        "(pipeline.cache), augment whole batches with vectorized ops (pipeline.augment: batched), "
+        "or move the work offline or to tf.data service workers (pipeline.data_service).",
+    ),
+    (
+        ("Map", "MapAndBatch"),
+        "A map (decode/augment) is the slowest stage: give it num_parallel_calls=tf.data.AUTOTUNE "
+        "(pipeline.parallel_calls: auto); if it is already parallel, cache decoded examples (pipeline.cache) "
+        "and augment whole batches with vectorized ops (pipeline.augment: batched).",
+    ),
+    (
+        ("TFRecord", "FixedLengthRecord", "TextLine", "Interleave", "ParallelInterleave"),
+        "Reading files is the slowest stage: read shards in parallel with interleave "
+        "(pipeline.parallel_reads), use more shards of 100-200 MB, keep data on local disk, cache after decode.",
+    ),
+    (("Shuffle",), "The shuffle buffer is slow to refill: shuffle the file order and use a smaller element buffer."),
+    (
+        ("Batch", "ParallelBatch", "Padded"),
+        "Batching is expensive: batch before per-element work and vectorize that work after batch.",
+    ),
 ]
 
 
@@ -103,64 +112,103 @@ def recommendations(profile: dict, config: dict) -> list[dict]:
         stages = profile["slow_stages"]
         if stages:
             top = stages[0]
-            evidence = (f"{input_share:.1f}% of step time waits for input; the slowest tf.data stage is "
-                        f"{top['stage']} ({top['self_time_percent']:.0f}% of input-pipeline time: {top['name']})")
+            evidence = (
+                f"{input_share:.1f}% of step time waits for input; the slowest tf.data stage is "
+                f"{top['stage']} ({top['self_time_percent']:.0f}% of input-pipeline time: {top['name']})"
+            )
             fix = _stage_advice(top["stage"])
         else:
             evidence = f"{input_share:.1f}% of step time waits for input"
-            fix = ("Host-to-device copies or an input pipeline outside tf.data: feed a tf.data pipeline, ship "
-                   "compact uint8 batches, prefetch (pipeline.prefetch: auto).")
+            fix = (
+                "Host-to-device copies or an input pipeline outside tf.data: feed a tf.data pipeline, ship "
+                "compact uint8 batches, prefetch (pipeline.prefetch: auto)."
+            )
         add(input_share, "slow input pipeline", evidence, fix)
-        if stages and not any("Prefetch" in s["name"] for s in stages) and _get(config, "pipeline", "prefetch") in (0, None):
-            add(input_share / 2, "no prefetch",
+        if (
+            stages
+            and not any("Prefetch" in s["name"] for s in stages)
+            and _get(config, "pipeline", "prefetch") in (0, None)
+        ):
+            add(
+                input_share / 2,
+                "no prefetch",
                 "no Prefetch stage among the busiest tf.data iterators",
                 "End the pipeline with .prefetch(tf.data.AUTOTUNE) so the next batch is prepared during the step "
-                "(pipeline.prefetch: auto).")
+                "(pipeline.prefetch: auto).",
+            )
 
     batch = _get(config, "pipeline", "batch_size")
     if isinstance(batch, int) and batch < 64:
-        add(max(10.0, input_share / 3), "batch too small",
+        add(
+            max(10.0, input_share / 3),
+            "batch too small",
             f"batch size {batch}: fixed per-step costs (Python, launches, input) are paid every {batch} examples",
             "Raise the batch size (pipeline.batch_size, `make sweep-batch` finds the largest that fits) and scale "
-            "the learning rate with it.")
+            "the learning rate with it.",
+        )
     elif step < 5 and not has_device:
-        add(10.0, "steps too short", f"a step takes {step:.2f} ms: per-step overhead dominates",
-            "Raise the batch size or steps_per_execution (train.steps_per_execution).")
+        add(
+            10.0,
+            "steps too short",
+            f"a step takes {step:.2f} ms: per-step overhead dominates",
+            "Raise the batch size or steps_per_execution (train.steps_per_execution).",
+        )
 
     if share["kernel_launch_ms"] >= 10:
-        add(share["kernel_launch_ms"], "too many small kernels",
+        add(
+            share["kernel_launch_ms"],
+            "too many small kernels",
             f"{share['kernel_launch_ms']:.1f}% of step time launches kernels",
             "Compile the step with XLA (train.jit_compile: true) to fuse kernels, and run several steps per "
-            "host round trip (train.steps_per_execution).")
+            "host round trip (train.steps_per_execution).",
+        )
     if share["compile_ms"] >= 10:
-        add(share["compile_ms"], "recompilation", f"{share['compile_ms']:.1f}% of step time compiles",
-            "Keep shapes static (pipeline.drop_remainder: true) so the step is traced and compiled once.")
+        add(
+            share["compile_ms"],
+            "recompilation",
+            f"{share['compile_ms']:.1f}% of step time compiles",
+            "Keep shapes static (pipeline.drop_remainder: true) so the step is traced and compiled once.",
+        )
     if share["device_to_device_ms"] + share["output_ms"] >= 10:
-        add(share["device_to_device_ms"] + share["output_ms"], "device copies",
+        add(
+            share["device_to_device_ms"] + share["output_ms"],
+            "device copies",
             f"{share['device_to_device_ms'] + share['output_ms']:.1f}% of step time copies between devices/host",
-            "Keep tensors on the device; ship uint8 images and convert on the device (the models here do).")
+            "Keep tensors on the device; ship uint8 images and convert on the device (the models here do).",
+        )
 
     if has_device:
         busy = profile["device_busy_percent"]
         if share["host_compute_ms"] >= 20:
-            add(share["host_compute_ms"], "work placed on the host",
+            add(
+                share["host_compute_ms"],
+                "work placed on the host",
                 f"{share['host_compute_ms']:.1f}% of step time is host compute while a device is present",
                 "Check op placement (tf.debugging.set_log_device_placement(True)); move preprocessing into tf.data "
-                "or onto the device.")
+                "or onto the device.",
+            )
         if busy < 50 and input_share < analysis.INPUT_BOUND_HIGH:
-            add(100 - busy, "model too small for the device",
+            add(
+                100 - busy,
+                "model too small for the device",
                 f"the device computes only {busy:.1f}% of each step and input is not the cause",
-                "Give each step more work: larger batch, steps_per_execution, XLA; or a larger model.")
+                "Give each step more work: larger batch, steps_per_execution, XLA; or a larger model.",
+            )
         precision = _get(config, "train", "precision")
         if busy >= 50 and precision in (None, "float32"):
-            add(busy / 2, "float32 where mixed precision would serve",
-                f"the device computes {busy:.1f}% of each step"
-                + (" in float32" if precision == "float32" else ""),
-                "Use mixed precision on tensor-core GPUs (train.precision: mixed_float16 or auto).")
+            add(
+                busy / 2,
+                "float32 where mixed precision would serve",
+                f"the device computes {busy:.1f}% of each step" + (" in float32" if precision == "float32" else ""),
+                "Use mixed precision on tensor-core GPUs (train.precision: mixed_float16 or auto).",
+            )
     elif input_share < analysis.INPUT_BOUND_HIGH:
-        add(share["host_compute_ms"] / 4, "no accelerator in the profile",
+        add(
+            share["host_compute_ms"] / 4,
+            "no accelerator in the profile",
             f"CPU-only profile: {share['host_compute_ms']:.1f}% of step time is compute on the CPU",
-            "This is the ceiling of this CPU; on a GPU host run the same config (`make docker-train-optimized`).")
+            "This is the ceiling of this CPU; on a GPU host run the same config (`make docker-train-optimized`).",
+        )
 
     found.sort(key=lambda r: r["score"], reverse=True)
     return found
@@ -172,8 +220,9 @@ def diagnose(logdir: str | Path) -> dict:
         raise UserError(f"Log folder '{logdir}' does not exist. Pass a TensorBoard log folder, e.g. runs/compare.")
     sessions = analysis.find_profile_sessions(logdir)
     if not sessions:
-        raise UserError(f"No TensorBoard profile under '{logdir}' (no plugins/profile/*/*.xplane.pb). "
-                        + HOW_TO_CAPTURE)
+        raise UserError(
+            f"No TensorBoard profile under '{logdir}' (no plugins/profile/*/*.xplane.pb). " + HOW_TO_CAPTURE
+        )
     runs = {}
     for run, session in sessions.items():
         try:
@@ -211,8 +260,10 @@ def render(result: dict) -> str:
             f"{profile['host_compute_ms']:.1f} + device compute {profile['device_compute_ms']:.1f} + launch "
             f"{profile['kernel_launch_ms']:.1f} + other {profile['other_ms']:.1f} ms"
         )
-        lines.append(f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time; device busy: "
-                     + (f"{device:.1f}%" if device is not None else "n/a (CPU-only profile)"))
+        lines.append(
+            f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time; device busy: "
+            + (f"{device:.1f}%" if device is not None else "n/a (CPU-only profile)")
+        )
         if profile["slow_stages"]:
             stages = ", ".join(f"{s['stage']} {s['self_time_percent']:.0f}%" for s in profile["slow_stages"][:3])
             lines.append(f"  busiest tf.data stages (self time): {stages}")
@@ -229,8 +280,11 @@ def main(logdir: str, as_json: bool = False, fail_if_input_bound: float | None =
     result = diagnose(logdir)
     print(json.dumps(result, indent=2) if as_json else render(result))
     if fail_if_input_bound is not None:
-        worst = [(run, item["profile"]["input_bound_percent"]) for run, item in result["runs"].items()
-                 if item.get("profile") and item["profile"]["input_bound_percent"] is not None]
+        worst = [
+            (run, item["profile"]["input_bound_percent"])
+            for run, item in result["runs"].items()
+            if item.get("profile") and item["profile"]["input_bound_percent"] is not None
+        ]
         over = [(run, share) for run, share in worst if share > fail_if_input_bound]
         if over:
             import sys

@@ -107,8 +107,10 @@ class Sampler:
             "gpus": [],
         }
         for index, name in enumerate(self.gpu_names):
-            series = {key: [r["gpus"][index][key] for r in rows if r["gpus"][index][key] is not None]
-                      for key in ("utilization_percent", "memory_used_mb", "power_w")}
+            series = {
+                key: [r["gpus"][index][key] for r in rows if r["gpus"][index][key] is not None]
+                for key in ("utilization_percent", "memory_used_mb", "power_w")
+            }
             result["gpus"].append({"index": index, "name": name, **{k: _stats(v) for k, v in series.items()}})
         utilization = [g["utilization_percent"]["mean"] for g in result["gpus"] if g["utilization_percent"]]
         result["gpu_utilization_percent"] = statistics.fmean(utilization) if utilization else None
@@ -158,7 +160,7 @@ class MonitorCallback(keras.callbacks.Callback):
     def _write(self):
         import tensorflow as tf
 
-        rows = self.sampler.samples[self._written:]
+        rows = self.sampler.samples[self._written :]
         if not rows:
             return
         with self._writer.as_default():

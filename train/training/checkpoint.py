@@ -32,8 +32,12 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 
 def _complete(folder: Path) -> bool:
-    return folder.is_dir() and not folder.name.endswith(".tmp") and (folder / STATE).is_file() \
+    return (
+        folder.is_dir()
+        and not folder.name.endswith(".tmp")
+        and (folder / STATE).is_file()
         and (folder / WEIGHTS).is_file()
+    )
 
 
 def _step_of(folder: Path) -> int:
@@ -82,8 +86,16 @@ class Checkpointer(StepCallback):
     checkpoint stays good.
     """
 
-    def __init__(self, run_dir: Path, steps_per_epoch: int, every_epochs: int, every_steps: int, keep: int,
-                 start_global_step: int = 0, history: dict | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        steps_per_epoch: int,
+        every_epochs: int,
+        every_steps: int,
+        keep: int,
+        start_global_step: int = 0,
+        history: dict | None = None,
+    ):
         super().__init__(start_global_step)
         self.root = checkpoint_dir(run_dir)
         self.steps_per_epoch = steps_per_epoch
@@ -118,15 +130,14 @@ class Checkpointer(StepCallback):
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.model.save_weights(tmp / WEIGHTS)
-        state = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
-                 "history": self.history}
+        state = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step, "history": self.history}
         (tmp / STATE).write_text(json.dumps(state, indent=1))
         _fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         self._since_save = 0
-        for old in list_checkpoints(self.root.parent)[:-self.keep]:
+        for old in list_checkpoints(self.root.parent)[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 

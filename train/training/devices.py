@@ -43,8 +43,12 @@ def detect() -> Devices:
         gpus.append(details.get("device_name", gpu.name))
         capabilities.append(tuple(details.get("compute_capability", (0, 0))))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return Devices(gpus=tuple(gpus), compute_capabilities=tuple(capabilities), cpu_cores=cores,
-                   cpu_bf16=bool(cpu_flags() & BF16_FLAGS))
+    return Devices(
+        gpus=tuple(gpus),
+        compute_capabilities=tuple(capabilities),
+        cpu_cores=cores,
+        cpu_bf16=bool(cpu_flags() & BF16_FLAGS),
+    )
 
 
 BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
@@ -106,23 +110,26 @@ def resolve(train: TrainConfig, devices: Devices) -> Choices:
             reasons["precision"] = "GPU without tensor cores: float16 would not be faster"
         elif devices.cpu_bf16:
             precision = "mixed_bfloat16"
-            reasons["precision"] = ("CPU with bfloat16 units (avx512_bf16/amx_bf16): bfloat16 math, float32 "
-                                    "weights (the ladder's mixed-precision rung measures the gain)")
+            reasons["precision"] = (
+                "CPU with bfloat16 units (avx512_bf16/amx_bf16): bfloat16 math, float32 "
+                "weights (the ladder's mixed-precision rung measures the gain)"
+            )
         else:
             precision = "float32"
-            reasons["precision"] = ("CPU without bfloat16 units: float32 (mixed_bfloat16 was ~7x slower on such "
-                                    "CPUs)")
+            reasons["precision"] = "CPU without bfloat16 units: float32 (mixed_bfloat16 was ~7x slower on such CPUs)"
 
     elif precision == "mixed":
         precision = "mixed_float16" if devices.gpus else "mixed_bfloat16"
-        reasons["precision"] = ("mixed: float16 on GPU" if devices.gpus
-                                else "mixed: bfloat16 on CPU (asked for, though slower here)")
+        reasons["precision"] = (
+            "mixed: float16 on GPU" if devices.gpus else "mixed: bfloat16 on CPU (asked for, though slower here)"
+        )
 
     jit_compile = train.jit_compile
     if jit_compile == "auto":
         jit_compile = bool(devices.gpus)
         reasons["jit_compile"] = (
-            "GPU: XLA fuses small kernels and cuts launch overhead" if devices.gpus
+            "GPU: XLA fuses small kernels and cuts launch overhead"
+            if devices.gpus
             else "CPU: XLA measured 2-4x slower for a small CNN on these CPUs (make ladder)"
         )
 

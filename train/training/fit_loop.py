@@ -17,12 +17,14 @@ from train.config import Config
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.profiling import StepTraceProfiler
 from train.measure.throughput import StepTimer
-from train.training import checkpoint, guards, setup as setup_lib
+from train.training import checkpoint, guards
+from train.training import setup as setup_lib
 from train.training.setup import RunSetup
 
 
-def run(cfg: Config, config_path: str | None = None, build_hint: str = "make data", log=print,
-        fresh: bool = False) -> dict:
+def run(
+    cfg: Config, config_path: str | None = None, build_hint: str = "make data", log=print, fresh: bool = False
+) -> dict:
     """Train `cfg` and return its summary (also written to runs/<name>/summary.json)."""
     setup = setup_lib.prepare(cfg, config_path=config_path, build_hint=build_hint, fresh=fresh, log=log)
     if setup.cfg.train.strategy == "multi_worker":
@@ -58,18 +60,33 @@ class Callbacks:
             self.profiler = StepTraceProfiler(setup.run_dir, start, cfg.profile.num_steps)
         self.saver = None
         if cfg.checkpoint.enabled:
-            self.saver = checkpoint.Checkpointer(setup.run_dir, steps, cfg.checkpoint.every_epochs,
-                                                 cfg.checkpoint.every_steps, cfg.checkpoint.keep,
-                                                 start_global_step=done_steps, history=history)
+            self.saver = checkpoint.Checkpointer(
+                setup.run_dir,
+                steps,
+                cfg.checkpoint.every_epochs,
+                cfg.checkpoint.every_steps,
+                cfg.checkpoint.keep,
+                start_global_step=done_steps,
+                history=history,
+            )
         self.sampler = Sampler(cfg.monitor.interval_s) if cfg.monitor.enabled else None
-        self.monitor = (MonitorCallback(self.sampler, setup.run_dir / "system", log=lambda m: log(f"{setup.tag} {m}"))
-                        if self.sampler else None)
+        self.monitor = (
+            MonitorCallback(self.sampler, setup.run_dir / "system", log=lambda m: log(f"{setup.tag} {m}"))
+            if self.sampler
+            else None
+        )
         self.watchdog = None
         timeout = guards.stall_timeout(cfg.train.stall_timeout_s, cfg.pipeline.data_service)
         if timeout:
-            self.watchdog = guards.StallWatchdog(timeout, (
-                f"The tf.data service at {cfg.pipeline.data_service} may have lost its workers (check that they "
-                "run)." if cfg.pipeline.data_service else "The input pipeline stopped delivering batches."))
+            self.watchdog = guards.StallWatchdog(
+                timeout,
+                (
+                    f"The tf.data service at {cfg.pipeline.data_service} may have lost its workers (check that they "
+                    "run)."
+                    if cfg.pipeline.data_service
+                    else "The input pipeline stopped delivering batches."
+                ),
+            )
         board = keras.callbacks.TensorBoard(log_dir=str(setup.run_dir), write_graph=False, profile_batch=0)
         ordered = [self.guard, self.profiler, self.timer, self.saver, self.monitor, board, self.watchdog]
         self.all = [callback for callback in ordered if callback is not None]
@@ -87,11 +104,12 @@ class Callbacks:
 
 def train(setup: RunSetup, log=print) -> dict:
     cfg, spec = setup.cfg, setup.spec
-    model = setup_lib.build_model(cfg, spec, setup.choices, setup.strategy,
-                                  setup.steps_per_epoch * cfg.train.epochs)
+    model = setup_lib.build_model(cfg, spec, setup.choices, setup.strategy, setup.steps_per_epoch * cfg.train.epochs)
     if cfg.profile.enabled and setup.choices.steps_per_execution > 1:
-        log(f"{setup.tag} note: with steps_per_execution={setup.choices.steps_per_execution} xprof finds no step "
-            "markers inside multi-step executions: the trace viewer works, the step-time analysis will be n/a.")
+        log(
+            f"{setup.tag} note: with steps_per_execution={setup.choices.steps_per_execution} xprof finds no step "
+            "markers inside multi-step executions: the trace viewer works, the step-time analysis will be n/a."
+        )
     steps = setup.steps_per_epoch
     start_epoch, start_step, history = 0, 0, {}
     if setup.resume:
@@ -99,8 +117,10 @@ def train(setup: RunSetup, log=print) -> dict:
             checkpoint.restore(model, setup.resume["folder"])
         start_epoch, start_step = setup.resume["epoch"], setup.resume["step_in_epoch"]
         history = setup.resume["history"]
-        log(f"{setup.tag} resuming from {setup.resume['folder']} (epoch {start_epoch + 1}, step {start_step}); "
-            "--fresh starts over")
+        log(
+            f"{setup.tag} resuming from {setup.resume['folder']} (epoch {start_epoch + 1}, step {start_step}); "
+            "--fresh starts over"
+        )
     done_steps = start_epoch * steps + start_step
     callbacks = Callbacks(setup, done_steps, history, log)
 
@@ -110,8 +130,9 @@ def train(setup: RunSetup, log=print) -> dict:
     started = time.perf_counter()
     try:
         callbacks.start()
-        for initial_epoch, epochs, segment_steps in checkpoint.plan_segments(cfg.train.epochs, steps, start_epoch,
-                                                                             start_step):
+        for initial_epoch, epochs, segment_steps in checkpoint.plan_segments(
+            cfg.train.epochs, steps, start_epoch, start_step
+        ):
             train_ds = setup.build(spec.train_files, training=True)
             if done_steps:
                 train_ds = train_ds.skip(done_steps)  # the batches already trained on, in the same order
@@ -145,8 +166,7 @@ def train(setup: RunSetup, log=print) -> dict:
     utilization = None
     if callbacks.sampler is not None:
         utilization = callbacks.sampler.summary(since=callbacks.timer.steady_since or 0.0)
-    result = setup_lib.summary(setup, model, history, callbacks.timer.summary(), wall, callbacks.warmup,
-                               utilization)
+    result = setup_lib.summary(setup, model, history, callbacks.timer.summary(), wall, callbacks.warmup, utilization)
     if cfg.pipeline.skip_corrupt:
         files.write_scalars(setup.run_dir / "train", [("data/skipped_records", len(setup.skipped), 0)], ".data")
     return setup_lib.finish(setup, model, result, log=log)

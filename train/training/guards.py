@@ -35,8 +35,11 @@ class NanGuard(StepCallback):
 
 
 def nan_error(tripped: dict, last_checkpoint: str | None, learning_rate: float) -> UserError:
-    kept = (f"The last good checkpoint is kept at {last_checkpoint}." if last_checkpoint
-            else "No checkpoint was saved before it.")
+    kept = (
+        f"The last good checkpoint is kept at {last_checkpoint}."
+        if last_checkpoint
+        else "No checkpoint was saved before it."
+    )
     return UserError(
         f"The loss became {tripped['loss']} at step {tripped['global_step']} (epoch {tripped['epoch'] + 1}); "
         f"training stopped there instead of going on with broken weights. {kept} Usual causes: a learning rate "
@@ -62,13 +65,19 @@ def oom_error(batch_size: int, device: str, runs_dir: str | Path) -> UserError:
     path = sweep_file(runs_dir)
     largest_that_fit = largest_batch_that_fit(path)
     if largest_that_fit:
-        hint = (f"The last batch-size sweep on this machine fit up to {largest_that_fit} per replica "
-                f"({path}): rerun with --set pipeline.batch_size={largest_that_fit}.")
+        hint = (
+            f"The last batch-size sweep on this machine fit up to {largest_that_fit} per replica "
+            f"({path}): rerun with --set pipeline.batch_size={largest_that_fit}."
+        )
     else:
-        hint = ("Run `make sweep-batch` to find the largest batch that fits, or halve it: "
-                f"--set pipeline.batch_size={max(1, batch_size // 2)}.")
-    return UserError(f"Out of memory at pipeline.batch_size={batch_size} on {device}. {hint} Mixed precision "
-                     "(train.precision: auto) also halves activation memory on GPUs.")
+        hint = (
+            "Run `make sweep-batch` to find the largest batch that fits, or halve it: "
+            f"--set pipeline.batch_size={max(1, batch_size // 2)}."
+        )
+    return UserError(
+        f"Out of memory at pipeline.batch_size={batch_size} on {device}. {hint} Mixed precision "
+        "(train.precision: auto) also halves activation memory on GPUs."
+    )
 
 
 class StallWatchdog(keras.callbacks.Callback):
@@ -90,8 +99,12 @@ class StallWatchdog(keras.callbacks.Callback):
     def _watch(self):
         while not self._stop.wait(min(1.0, self.timeout_s / 4)):
             if self._last is not None and time.monotonic() - self._last > self.timeout_s:
-                print(f"error: no training step finished for {self.timeout_s:g} s. {self.hint} Checkpoints already "
-                      "written are kept: rerun the same command to resume.", file=sys.stderr, flush=True)
+                print(
+                    f"error: no training step finished for {self.timeout_s:g} s. {self.hint} Checkpoints already "
+                    "written are kept: rerun the same command to resume.",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(3)
 
     def _beat(self, *_, logs=None):

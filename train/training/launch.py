@@ -40,15 +40,23 @@ def launch(workers: int, command: list[str], grace_s: float = 10.0) -> int:
     if workers < 1:
         raise UserError("--workers must be at least 1.")
     if not command:
-        raise UserError("Give the command the workers run after --, e.g. "
-                        "python -m train launch --workers 2 -- fit --config configs/optimized.yaml")
+        raise UserError(
+            "Give the command the workers run after --, e.g. "
+            "python -m train launch --workers 2 -- fit --config configs/optimized.yaml"
+        )
     ports = free_ports(workers)
     cluster = {"worker": [f"localhost:{port}" for port in ports]}
     processes = []
     for index in range(workers):
         env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        process = subprocess.Popen([sys.executable, "-m", "train", *command], env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, bufsize=1)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "train", *command],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
         threading.Thread(target=_relay, args=(process, f"[worker {index}] "), daemon=True).start()
         processes.append(process)
     print(f"launched {workers} workers: {', '.join(cluster['worker'])}", flush=True)
@@ -76,9 +84,12 @@ def launch(workers: int, command: list[str], grace_s: float = 10.0) -> int:
     if failed:
         index, code = failed
         who = "interrupted" if index < 0 else f"worker {index} exited with status {code}"
-        print(f"error: {who}; the other workers were stopped (they would wait for it forever). Its output is above; "
-              "checkpoints written so far are kept, so rerunning the same command resumes.", file=sys.stderr,
-              flush=True)
+        print(
+            f"error: {who}; the other workers were stopped (they would wait for it forever). Its output is above; "
+            "checkpoints written so far are kept, so rerunning the same command resumes.",
+            file=sys.stderr,
+            flush=True,
+        )
         return 3
     print(f"all {workers} workers finished", flush=True)
     return 0

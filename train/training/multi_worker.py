@@ -24,7 +24,8 @@ import tensorflow as tf
 from train import files, models
 from train.errors import RunFailed, UserError
 from train.measure.throughput import StepTimer
-from train.training import checkpoint, guards, setup as setup_lib
+from train.training import checkpoint, guards
+from train.training import setup as setup_lib
 from train.training.setup import RunSetup
 
 
@@ -44,12 +45,18 @@ def train(setup: RunSetup, log=print) -> dict:
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         # File-level sharding done here, explicitly: each worker reads every N-th shard.
-        shards = spec.train_files[context.input_pipeline_id::context.num_input_pipelines]
+        shards = spec.train_files[context.input_pipeline_id :: context.num_input_pipelines]
         if not shards:
-            raise UserError(f"{len(spec.train_files)} training shards cannot feed {context.num_input_pipelines} "
-                            "workers: build the dataset with at least one shard per worker (data.num_shards).")
-        dataset = setup.build(shards, training=True, seed=cfg.train.seed + context.input_pipeline_id,
-                              batch_size=context.get_per_replica_batch_size(batch))
+            raise UserError(
+                f"{len(spec.train_files)} training shards cannot feed {context.num_input_pipelines} "
+                "workers: build the dataset with at least one shard per worker (data.num_shards)."
+            )
+        dataset = setup.build(
+            shards,
+            training=True,
+            seed=cfg.train.seed + context.input_pipeline_id,
+            batch_size=context.get_per_replica_batch_size(batch),
+        )
         shard_options = tf.data.Options()
         shard_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return dataset.with_options(shard_options).skip(start_epoch * steps)
@@ -73,8 +80,10 @@ def train(setup: RunSetup, log=print) -> dict:
         images, labels = next(iterator)
         loss, labels, logits = strategy.run(step, args=(images, labels))
         for metric in train_metrics:
-            metric.update_state(tf.concat(strategy.experimental_local_results(labels), 0),
-                                tf.concat(strategy.experimental_local_results(logits), 0))
+            metric.update_state(
+                tf.concat(strategy.experimental_local_results(labels), 0),
+                tf.concat(strategy.experimental_local_results(logits), 0),
+            )
         return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
 
     writer = files.scalar_writer(setup.run_dir / "train") if setup.task.is_chief else None
@@ -83,8 +92,15 @@ def train(setup: RunSetup, log=print) -> dict:
     history = dict(resume["history"]) if resume and start_epoch else {}
     saver = None
     if setup.task.is_chief and cfg.checkpoint.enabled:
-        saver = checkpoint.Checkpointer(setup.run_dir, steps, cfg.checkpoint.every_epochs, 0, cfg.checkpoint.keep,
-                                        start_global_step=start_epoch * steps, history=history)
+        saver = checkpoint.Checkpointer(
+            setup.run_dir,
+            steps,
+            cfg.checkpoint.every_epochs,
+            0,
+            cfg.checkpoint.keep,
+            start_global_step=start_epoch * steps,
+            history=history,
+        )
         saver.set_model(model)
     val_ds = setup.build(spec.val_files, training=False)
     peer_errors = _peer_errors()
@@ -103,8 +119,11 @@ def train(setup: RunSetup, log=print) -> dict:
             timer.on_train_batch_end(index)
             if not np.isfinite(losses[-1]):
                 last = checkpoint.latest(setup.run_dir) if setup.task.is_chief else None
-                raise guards.nan_error({"loss": losses[-1], "global_step": epoch * steps + index + 1,
-                                        "epoch": epoch}, str(last[0]) if last else None, cfg.train.learning_rate)
+                raise guards.nan_error(
+                    {"loss": losses[-1], "global_step": epoch * steps + index + 1, "epoch": epoch},
+                    str(last[0]) if last else None,
+                    cfg.train.learning_rate,
+                )
         logs = {"loss": float(np.mean(losses)), **{m.name: float(m.result()) for m in train_metrics}}
         if setup.task.is_chief:
             logs.update(_evaluate(model, val_ds, loss_fn))
@@ -139,8 +158,12 @@ def _evaluate(model: keras.Model, dataset: tf.data.Dataset, loss_fn) -> dict:
 
 
 def _peer_errors() -> tuple:
-    return (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
-            tf.errors.DeadlineExceededError)
+    return (
+        tf.errors.UnavailableError,
+        tf.errors.CancelledError,
+        tf.errors.AbortedError,
+        tf.errors.DeadlineExceededError,
+    )
 
 
 def peer_lost(error, name: str, epoch: int, index: int, timeout_s: float, run_dir: Path) -> RunFailed:
@@ -148,8 +171,11 @@ def peer_lost(error, name: str, epoch: int, index: int, timeout_s: float, run_di
     text = str(getattr(error, "message", error))
     peer = re.search(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", text)
     who = f"{peer.group(1)} {peer.group(2)}" if peer else "another worker"
-    lines = [line.strip() for line in text.splitlines()
-             if line.strip() and not line.strip().startswith(("Graph execution error", "Detected at node", "File "))]
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.strip().startswith(("Graph execution error", "Detected at node", "File "))
+    ]
     cause = re.compile(r"aborted by|connect|connection|deadline|timed? ?out|unavailable", re.I)
     first = next((line for line in lines if cause.search(line)), lines[0] if lines else type(error).__name__)
     last = checkpoint.latest(run_dir)
@@ -159,7 +185,8 @@ def peer_lost(error, name: str, epoch: int, index: int, timeout_s: float, run_di
         f"{first[:200]}). A multi-worker step needs every worker: a worker that died, was stopped or did not "
         f"answer within train.collective_timeout_s ({timeout_s:g} s) ends the run on all of them instead of "
         f"leaving them waiting. Find why {who} stopped (its own output), then restart every worker with the "
-        f"same command: they resume from {where}.")
+        f"same command: they resume from {where}."
+    )
 
 
 def _evaluate(model, dataset, loss_fn) -> dict:

@@ -39,8 +39,17 @@ from train.errors import UserError
 from train.input import integrity, pipeline
 from train.training import checkpoint, devices
 
-RUN_OUTPUTS = ("config.yaml", "summary.json", "model.keras", "train", "validation", "system", "plugins",
-               "checkpoints", "workers")
+RUN_OUTPUTS = (
+    "config.yaml",
+    "summary.json",
+    "model.keras",
+    "train",
+    "validation",
+    "system",
+    "plugins",
+    "checkpoints",
+    "workers",
+)
 
 
 @dataclasses.dataclass
@@ -90,13 +99,26 @@ class RunSetup:
         """Batches in one pass over the validation split (the last one may be short)."""
         return pipeline.steps_per_epoch(self.spec.num_val, self.global_batch, drop_remainder=False)
 
-    def build(self, files_, *, training: bool, seed: int | None = None, batch_size: int | None = None,
-              num_examples: int | None = None) -> tf.data.Dataset:
+    def build(
+        self,
+        files_,
+        *,
+        training: bool,
+        seed: int | None = None,
+        batch_size: int | None = None,
+        num_examples: int | None = None,
+    ) -> tf.data.Dataset:
         """The pipeline of this run for `files_`, batched at the global batch unless told otherwise."""
         return pipeline.build(
-            files_, self.spec, self.cfg.pipeline, training=training, batch_size=batch_size or self.global_batch,
+            files_,
+            self.spec,
+            self.cfg.pipeline,
+            training=training,
+            batch_size=batch_size or self.global_batch,
             num_examples=num_examples or (self.spec.num_train if training else self.spec.num_val),
-            seed=self.cfg.train.seed if seed is None else seed, damaged=self.damaged)
+            seed=self.cfg.train.seed if seed is None else seed,
+            damaged=self.damaged,
+        )
 
 
 def resolve(cfg: Config, found: devices.Devices) -> tuple[Config, devices.Choices]:
@@ -104,8 +126,13 @@ def resolve(cfg: Config, found: devices.Devices) -> tuple[Config, devices.Choice
     choices = devices.resolve(cfg.train, found)
     if cfg.train.deterministic and not cfg.pipeline.deterministic:
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, deterministic=True))
-    train = dataclasses.replace(cfg.train, precision=choices.precision, jit_compile=choices.jit_compile,
-                                steps_per_execution=choices.steps_per_execution, strategy=choices.strategy)
+    train = dataclasses.replace(
+        cfg.train,
+        precision=choices.precision,
+        jit_compile=choices.jit_compile,
+        steps_per_execution=choices.steps_per_execution,
+        strategy=choices.strategy,
+    )
     return dataclasses.replace(cfg, train=train), choices
 
 
@@ -155,8 +182,13 @@ def learning_rate(cfg: Config, replicas: int, total_steps: int | None = None):
     return peak
 
 
-def build_model(cfg: Config, spec: sources.DatasetSpec, choices: devices.Choices,
-                strategy: tf.distribute.Strategy, total_steps: int | None = None) -> keras.Model:
+def build_model(
+    cfg: Config,
+    spec: sources.DatasetSpec,
+    choices: devices.Choices,
+    strategy: tf.distribute.Strategy,
+    total_steps: int | None = None,
+) -> keras.Model:
     """The compiled model of `cfg` under its precision policy and distribution strategy."""
     keras.mixed_precision.set_global_policy(choices.precision)
     initial = None
@@ -179,8 +211,9 @@ def build_model(cfg: Config, spec: sources.DatasetSpec, choices: devices.Choices
     return model
 
 
-def prepare(cfg: Config, *, config_path: str | None = None, build_hint: str = "make data", fresh: bool = False,
-            log=print) -> RunSetup:
+def prepare(
+    cfg: Config, *, config_path: str | None = None, build_hint: str = "make data", fresh: bool = False, log=print
+) -> RunSetup:
     """Everything before the first step: choices, strategy, data checks, run folder, seeds."""
     spec = sources.locate(cfg.data, build_hint)
     found = devices.detect()
@@ -190,8 +223,9 @@ def prepare(cfg: Config, *, config_path: str | None = None, build_hint: str = "m
     replicas = strategy.num_replicas_in_sync
     check_batch_size(cfg, spec, replicas)
     global_batch = cfg.pipeline.batch_size * replicas
-    steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(spec.num_train, global_batch,
-                                                                  cfg.pipeline.drop_remainder)
+    steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(
+        spec.num_train, global_batch, cfg.pipeline.drop_remainder
+    )
     setup = RunSetup(cfg, spec, found, choices, strategy, task, global_batch, steps, config_path, build_hint)
     if cfg.data.verify and not cfg.pipeline.skip_corrupt:
         problems = integrity.verify(spec)
@@ -199,8 +233,10 @@ def prepare(cfg: Config, *, config_path: str | None = None, build_hint: str = "m
             raise damaged_error(spec, problems, build_hint)
     if task.is_chief:
         setup.resume = _prepare_run_dir(cfg, fresh)
-        header = "\n".join([f"Resolved config of run '{cfg.name}' on {found.describe()}."]
-                           + [f"auto {key}: {reason}" for key, reason in choices.reasons.items()])
+        header = "\n".join(
+            [f"Resolved config of run '{cfg.name}' on {found.describe()}."]
+            + [f"auto {key}: {reason}" for key, reason in choices.reasons.items()]
+        )
         config_lib.save(cfg, cfg.run_dir / "config.yaml", header)
     else:
         found_checkpoint = None if fresh else checkpoint.latest(cfg.run_dir)
@@ -208,11 +244,16 @@ def prepare(cfg: Config, *, config_path: str | None = None, build_hint: str = "m
 
     log(f"{setup.tag} device: {found.describe()}")
     log(f"{setup.tag} pipeline: {pipeline.describe(cfg.pipeline, spec, spec.num_train, global_batch)}")
-    log(f"{setup.tag} precision={choices.precision} jit_compile={choices.jit_compile} "
+    log(
+        f"{setup.tag} precision={choices.precision} jit_compile={choices.jit_compile} "
         f"steps_per_execution={choices.steps_per_execution} strategy={choices.strategy}"
-        + (f" replicas={replicas} batch_size={cfg.pipeline.batch_size}/replica global_batch={global_batch}"
-           if replicas > 1 else "")
-        + (" deterministic" if cfg.train.deterministic else ""))
+        + (
+            f" replicas={replicas} batch_size={cfg.pipeline.batch_size}/replica global_batch={global_batch}"
+            if replicas > 1
+            else ""
+        )
+        + (" deterministic" if cfg.train.deterministic else "")
+    )
     if cfg.pipeline.skip_corrupt:
         scans = integrity.scan_dataset(spec)
         setup.damaged = {path: scan.good for path, scan in scans.items() if scan.problems}
@@ -294,12 +335,22 @@ def weights_fingerprint(model: keras.Model) -> str:
     return digest.hexdigest()
 
 
-def summary(setup: RunSetup, model: keras.Model, history: dict, timing: dict, wall_s: float, warmup: int,
-            utilization: dict | None = None) -> dict:
+def summary(
+    setup: RunSetup,
+    model: keras.Model,
+    history: dict,
+    timing: dict,
+    wall_s: float,
+    warmup: int,
+    utilization: dict | None = None,
+) -> dict:
     """The figures of a finished run, in the one schema every loop writes and every report reads."""
     cfg, spec, choices = setup.cfg, setup.spec, setup.choices
-    figures = _profile_figures(setup.run_dir) if cfg.profile.enabled and setup.task.kind == "local" else {
-        "profile": None, "input_bound_percent": None, "device_busy_percent": None}
+    figures = (
+        _profile_figures(setup.run_dir)
+        if cfg.profile.enabled and setup.task.kind == "local"
+        else {"profile": None, "input_bound_percent": None, "device_busy_percent": None}
+    )
     cpu = ((utilization or {}).get("cpu_utilization_percent") or {}).get("mean")
     return {
         "name": cfg.name,
@@ -316,9 +367,14 @@ def summary(setup: RunSetup, model: keras.Model, history: dict, timing: dict, wa
         "model": cfg.model.name,
         "model_params": cfg.model.params,
         "parameters": int(model.count_params()),
-        "dataset": {"name": spec.name, "root": str(spec.root), "num_train": spec.num_train,
-                    "num_val": spec.num_val, "image_shape": list(spec.image_shape),
-                    "num_classes": spec.num_classes},
+        "dataset": {
+            "name": spec.name,
+            "root": str(spec.root),
+            "num_train": spec.num_train,
+            "num_val": spec.num_val,
+            "image_shape": list(spec.image_shape),
+            "num_classes": spec.num_classes,
+        },
         "pipeline": pipeline.describe(cfg.pipeline, spec, spec.num_train, setup.global_batch),
         "epochs": cfg.train.epochs,
         "steps_per_epoch": setup.steps_per_epoch,
@@ -344,19 +400,29 @@ def summary(setup: RunSetup, model: keras.Model, history: dict, timing: dict, wa
 def finish(setup: RunSetup, model: keras.Model, result: dict, log=print) -> dict:
     """Write what a finished run leaves: every worker its weight fingerprint, the chief the model and
     summary.json (last: a summary means the run is complete)."""
-    files.write_json(setup.run_dir / "workers" / f"{setup.task.kind}-{setup.task.index}.json",
-                     {"task": f"{setup.task.kind}:{setup.task.index}", "weights_sha256": result["weights_sha256"],
-                      "epochs": result["epochs"], "steps_per_epoch": result["steps_per_epoch"],
-                      "final_loss": result["final_loss"]})
+    if setup.task.kind != "local":
+        files.write_json(
+            setup.run_dir / "workers" / f"{setup.task.kind}-{setup.task.index}.json",
+            {
+                "task": f"{setup.task.kind}:{setup.task.index}",
+                "weights_sha256": result["weights_sha256"],
+                "epochs": result["epochs"],
+                "steps_per_epoch": result["steps_per_epoch"],
+                "final_loss": result["final_loss"],
+            },
+        )
     if not setup.task.is_chief:
         return result
     files.atomic_write(setup.run_dir / "model.keras", model.save)
     files.write_json(setup.run_dir / "summary.json", result)
     rate, input_share = result["examples_per_sec"], result["input_bound_percent"]
-    log(f"{setup.tag} " + (f"{rate:,.0f} examples/s, step {result['step_time_ms']:.1f} ms, " if rate else "")
+    log(
+        f"{setup.tag} done: "
+        + (f"{rate:,.0f} examples/s, step {result['step_time_ms']:.1f} ms, " if rate else "")
         + (f"{input_share:.1f}% of step time waiting for input, " if input_share is not None else "")
         + (f"val_accuracy {result['val_accuracy']:.3f}" if result["val_accuracy"] is not None else "")
-        + f"  ->  {setup.run_dir}/summary.json")
+        + f"  ->  {setup.run_dir}/summary.json"
+    )
     return result
 
 
@@ -370,8 +436,11 @@ def _profile_figures(run_dir: Path) -> dict:
         return {"profile": {"error": str(error)}, "input_bound_percent": None, "device_busy_percent": None}
     if profile is None:
         return {"profile": None, "input_bound_percent": None, "device_busy_percent": None}
-    return {"profile": profile, "input_bound_percent": profile["input_bound_percent"],
-            "device_busy_percent": profile["device_busy_percent"]}
+    return {
+        "profile": profile,
+        "input_bound_percent": profile["input_bound_percent"],
+        "device_busy_percent": profile["device_busy_percent"],
+    }
 
 
 def _last(metrics: dict, key: str) -> float | None:
