@@ -1,0 +1,126 @@
+"""The package as a forker and an installer meet it: a regular package without import cycles,
+every imported distribution declared, and the console script working outside the repository."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tests.conftest import ROOT, data_sets
+from train.measure.profiling import StepTraceProfiler
+
+PACKAGE = ROOT / "train"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, str | None]]:
+    """(module, imported name) for every import in the file, lazy ones included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [(node.module, alias.name) for alias in node.names]
+    return found
+
+
+def test_every_folder_of_the_package_is_a_regular_package():
+    folders = {path.parent for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+    assert all((folder / "__init__.py").is_file() for folder in folders), folders
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for module, imported in _imports(path):
+            if module.startswith("train"):
+                full = f"{module}.{imported}" if imported else module
+                targets.add(full if full in modules else module)
+        graph[name] = targets - {name}
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo += graph.get(node, ())
+        return False
+
+    cycles = [(a, b) for a, targets in graph.items() for b in targets if reaches(b, a)]
+    assert not cycles, cycles
+
+
+def test_every_imported_distribution_is_declared():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = declared["dependencies"] + [dep for extra in declared["optional-dependencies"].values() for dep in extra]
+    wanted = {
+        dep.split(";")[0].split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower() for dep in names
+    }
+    wanted = {name.replace("_", "-") for name in wanted} | {"tensorflow"}  # tensorflow comes from an extra
+    providers = importlib.metadata.packages_distributions()
+    stdlib = set(sys.stdlib_module_names)
+    missing = {}
+    for path in list(PACKAGE.rglob("*.py")) + list((ROOT / "data").rglob("*.py")):
+        for module, _ in _imports(path):
+            top = module.split(".")[0]
+            if top in stdlib or top in ("train", "data", "__future__"):
+                continue
+            dists = {d.lower().replace("_", "-") for d in providers.get(top, [])}
+            dists = {"tensorflow" if d.startswith("tensorflow-cpu") else d for d in dists}
+            if not dists & wanted:
+                missing.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def _console_script() -> Path:
+    script = Path(sys.executable).parent / "gpu-template"
+    assert script.is_file(), "make setup installs the console script gpu-template into the venv"
+    return script
+
+
+def test_the_console_script_runs_outside_the_repository(tmp_path, tiny_data_dir):
+    script = _console_script()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = subprocess.run([script, "--help"], cwd=elsewhere, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "usage: gpu-template" in run.stdout
+
+    # Configs and the built-in dataset's package are found in the project from any folder.
+    sets = [arg for item in data_sets(tiny_data_dir) for arg in ("--set", item)]
+    run = subprocess.run(
+        [script, "data", "--config", "configs/base.yaml", *sets],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Already built" in run.stdout
+
+    logdir = tmp_path / "logs"
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensors((np.zeros((4, 8), np.float32), np.zeros((4, 2), np.float32))).repeat()
+    model.fit(
+        data, steps_per_epoch=10, epochs=1, verbose=0, callbacks=[StepTraceProfiler(logdir, start_step=1, num_steps=5)]
+    )
+    run = subprocess.run([script, "diagnose", str(logdir)], cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "verdict" in run.stdout.lower()
