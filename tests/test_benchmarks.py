@@ -119,3 +119,43 @@ def test_sweep_finds_the_largest_batch_that_fits(tiny_data_dir, tmp_path):
     assert "larger than the training split" in sweep["stopped_because"]
     assert all(p["examples_per_sec"]["median"] > 0 and p["input_bound_percent"] is not None for p in sweep["points"])
     assert (out / "sweep.png").exists()
+
+
+@pytest.mark.slow
+def test_the_ladders_distribution_rung_really_distributes_over_two_logical_cpus(tiny_data_dir, tmp_path):
+    rungs = tmp_path / "ladder.yaml"
+    rungs.write_text(
+        yaml.safe_dump(
+            {
+                "start": str(ROOT / "configs/naive.yaml"),
+                "rungs": [
+                    {
+                        "name": "distribution",
+                        "needs_devices": 2,
+                        "set": {"train.strategy": "mirrored", "train.cpu_replicas": 2},
+                    }
+                ],
+            }
+        )
+    )
+    out = tmp_path / "ladder"
+    result = run_cli(
+        "ladder",
+        "--ladder",
+        str(rungs),
+        "--out",
+        str(out),
+        "--trials",
+        "2",
+        "--seconds",
+        "0.2",
+        *sets(tiny_data_dir, "pipeline.batch_size=8", "pipeline.shuffle_buffer=16"),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (row,) = json.loads((out / "ladder.json").read_text())["rungs"]
+    assert "skipped" not in row
+    assert row["strategy"] == "mirrored" and row["replicas"] == 2
+    assert row["batch_size"] == 16  # 8 per replica, global batch derived from the strategy
+    assert row["previous_examples_per_sec"]["median"] > 0 and row["examples_per_sec"]["median"] > 0
+    assert "over 2 replicas" in row["pipeline"]

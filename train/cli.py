@@ -7,10 +7,7 @@ import os
 import sys
 
 from train.errors import RunFailed, UserError
-
-# TensorFlow's C++ start-up chatter (CPU feature notes, absl's pre-init warning) buries the
-# one line that matters; a user who wants it sets TF_CPP_MIN_LOG_LEVEL themselves.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from train.quiet import import_tensorflow
 
 
 def _config_args(parser: argparse.ArgumentParser, default: str | None = "configs/optimized.yaml") -> None:
@@ -67,6 +64,7 @@ def cmd_data(args) -> int:
     from train import sources
 
     cfg = _load(args)
+    import_tensorflow()
     spec, built = sources.prepare(cfg.data)
     size_mb = sum(os.path.getsize(f) for f in spec.train_files + spec.val_files) / 2**20
     verb = "Built" if built else "Already built (nothing to do)"
@@ -80,6 +78,7 @@ def cmd_data(args) -> int:
 
 def cmd_fit(args) -> int:
     cfg = _load(args)  # every config error surfaces before TensorFlow is imported
+    import_tensorflow()
 
     from train import sources
     from train.training import fit_loop
@@ -94,24 +93,28 @@ def cmd_fit(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    import_tensorflow()
     from train.benchmarks import compare
 
     return compare.main(args)
 
 
 def cmd_bench(args) -> int:
+    import_tensorflow()
     from train.benchmarks import bench
 
     return bench.main(args)
 
 
 def cmd_ladder(args) -> int:
+    import_tensorflow()
     from train.benchmarks import ladder
 
     return ladder.main(args)
 
 
 def cmd_sweep(args) -> int:
+    import_tensorflow()
     from train.benchmarks import sweep
 
     return sweep.main(args)

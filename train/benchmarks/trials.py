@@ -136,6 +136,10 @@ def prepare(
         dataset = strategy.experimental_distribute_dataset(dataset)
         description += f" over {replicas} replicas"
     model = setup.build_model(cfg, spec, choices, strategy)
+    with strategy.scope():
+        # `fit` builds the optimizer's variables before its first step; the compiled train function,
+        # called directly, would create them inside a replica's step, which a strategy does not allow.
+        model.optimizer.build(model.trainable_variables)
     model.make_train_function()
     variant = Variant(name, cfg, choices, model, iter(dataset), batch_size, description)
     epoch_calls = -(

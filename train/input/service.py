@@ -19,6 +19,8 @@ from __future__ import annotations
 import signal
 import sys
 
+from train.quiet import import_tensorflow
+
 LISTEN_WARNING = (
     "note: tf.data service servers listen on all interfaces (TensorFlow has no bind-address option); "
     "keep port {port} private (firewall, private network, or an unpublished Compose port)."
@@ -98,6 +100,7 @@ class LocalCluster:
 def main(args) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # before TensorFlow starts any thread
     try:
+        import_tensorflow()
         if args.role == "dispatcher":
             dispatcher(args.port, args.work_dir)
         else:
