@@ -1,6 +1,9 @@
 """The comparison report: report.json, report.md, report.png and a printed table.
 
 It reads only what runs wrote (their summary.json), so it works on runs made elsewhere.
+Next to NVML's "GPU utilization" (the share of time any kernel ran) it shows SM activity,
+SM occupancy and tensor-core activity where the GPU reports them (NVML GPM, Hopper and
+newer), and "n/a" with the reason where it does not, never 0.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ FIELDS = (
     "cpu_utilization_percent",
     "val_accuracy",
 )
+GPM_FIELDS = ("sm_activity_percent", "sm_occupancy_percent", "tensor_activity_percent")  # from summary["utilization"]
 BREAKDOWN = (  # (summary key inside profile, label, colour)
     ("input_ms", "waiting for input", "#d62728"),
     ("host_compute_ms", "host compute", "#1f77b4"),
@@ -27,8 +31,13 @@ BREAKDOWN = (  # (summary key inside profile, label, colour)
 )
 
 
+NOT_SAMPLED = "utilization was not sampled (monitor.enabled: false)"
+
+
 def run_row(summary: dict) -> dict:
     row = {key: summary.get(key) for key in FIELDS}
+    utilization = summary.get("utilization") or {}
+    row.update({key: utilization.get(key) for key in GPM_FIELDS})
     profile = summary.get("profile") or {}
     row.update(
         pipeline=summary.get("pipeline"),
@@ -41,7 +50,10 @@ def run_row(summary: dict) -> dict:
         if profile.get("has_step_markers")
         else None,
         slow_stage=(profile.get("slow_stages") or [{}])[0].get("stage"),
-        gpu_unavailable_reason=(summary.get("utilization") or {}).get("gpu_unavailable_reason"),
+        gpu_unavailable_reason=utilization.get("gpu_unavailable_reason") if utilization else NOT_SAMPLED,
+        gpm_unavailable_reason=utilization.get("gpm_unavailable_reason", "not recorded by this run")
+        if utilization
+        else NOT_SAMPLED,
         run_dir=summary.get("run_dir"),
     )
     return row
@@ -76,6 +88,9 @@ ROWS = (  # (label, key in the run's row, decimals, unit), shared by the table a
     ("waiting for input (profiler)", "input_bound_percent", 1, " %"),
     ("device busy (profiler)", "device_busy_percent", 1, " %"),
     ("GPU utilization (NVML)", "gpu_utilization_percent", 1, " %"),
+    ("SM activity (NVML GPM)", "sm_activity_percent", 1, " %"),
+    ("SM occupancy (NVML GPM)", "sm_occupancy_percent", 1, " %"),
+    ("tensor-core activity (NVML GPM)", "tensor_activity_percent", 1, " %"),
     ("CPU utilization (psutil)", "cpu_utilization_percent", 1, " %"),
     ("validation accuracy", "val_accuracy", 3, ""),
     ("batch size", "batch_size", 0, ""),
@@ -93,6 +108,20 @@ def table(report: dict) -> str:
     if report["speedup"]:
         lines.append(f"speedup ({names[-1]} / {names[0]} examples/s): {report['speedup']:.2f}x")
     return "\n".join(lines)
+
+
+def na_notes(report: dict) -> list[str]:
+    """Why GPU figures read n/a: the sampler's reasons, one sentence each."""
+    runs = report["runs"].values()
+    gpu = sorted({r.get("gpu_unavailable_reason") for r in runs} - {None})
+    gpm = sorted({r.get("gpm_unavailable_reason") for r in runs} - {None} - set(gpu))
+    notes = []
+    if gpu:
+        what = "NVML utilization, SM activity, SM occupancy, tensor-core activity"
+        notes.append(f"GPU figures ({what}) are n/a: {'; '.join(gpu)}.")
+    if gpm:
+        notes.append(f"SM activity, SM occupancy and tensor-core activity (NVML GPM) are n/a: {'; '.join(gpm)}.")
+    return notes
 
 
 def markdown(report: dict) -> str:
@@ -124,9 +153,9 @@ def markdown(report: dict) -> str:
         out += ["", f"**Speedup: {report['speedup']:.2f}x** examples/s ({names[-1]} / {names[0]})."]
     out += ["", "Pipelines:", ""]
     out += [f"- **{n}**: {report['runs'][n]['pipeline']}" for n in names]
-    reasons = {report["runs"][n]["gpu_unavailable_reason"] for n in names} - {None}
-    if reasons:
-        out += ["", f"GPU figures are n/a: {'; '.join(sorted(reasons))}."]
+    notes = na_notes(report)
+    if notes:
+        out += [""] + notes
     out += [
         "",
         "Open the profiles: `make tensorboard`, then the Profile tab (runs `compare/<name>`), "
@@ -135,6 +164,16 @@ def markdown(report: dict) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+CHART_METRICS = (  # (key in the run's row, bar label) of the utilization panel
+    ("input_bound_percent", "waiting for input"),
+    ("device_busy_percent", "device busy"),
+    ("gpu_utilization_percent", "GPU util (NVML)"),
+    ("sm_activity_percent", "SM activity (GPM)"),
+    ("tensor_activity_percent", "tensor cores (GPM)"),
+    ("cpu_utilization_percent", "CPU util"),
+)
 
 
 def chart(report: dict, path: Path) -> None:
@@ -166,25 +205,29 @@ def chart(report: dict, path: Path) -> None:
     ax.legend(fontsize=8)
 
     ax = axes[2]
-    metrics = [
-        ("input_bound_percent", "waiting for input"),
-        ("device_busy_percent", "device busy"),
-        ("gpu_utilization_percent", "GPU util (NVML)"),
-        ("cpu_utilization_percent", "CPU util"),
-    ]
+    metrics = CHART_METRICS
     width = 0.8 / len(runs)
     for index, (name, run) in enumerate(zip(names, runs)):
         xs = [m + index * width for m in range(len(metrics))]
         heights = [run[key] if run[key] is not None else 0 for key, _ in metrics]
         bars = ax.bar(xs, heights, width=width, label=name)
         ax.bar_label(bars, labels=["n/a" if run[key] is None else f"{run[key]:.0f}" for key, _ in metrics], fontsize=7)
-    ax.set_xticks([m + width * (len(runs) - 1) / 2 for m in range(len(metrics))], [m[1] for m in metrics], fontsize=8)
+    ax.set_xticks(
+        [m + width * (len(runs) - 1) / 2 for m in range(len(metrics))],
+        [m[1] for m in metrics],
+        fontsize=8,
+        rotation=20,
+        ha="right",
+    )
     ax.set_ylim(0, 110)
     ax.set_title("Utilization (% of time)")
     ax.legend(fontsize=8)
 
     fig.suptitle(f"{report['device']} - model {report['model']}", fontsize=10)
-    fig.tight_layout()
+    notes = na_notes(report)
+    fig.tight_layout(rect=(0, 0.05 * len(notes), 1, 1))
+    for index, note in enumerate(notes):
+        fig.text(0.01, 0.01 + 0.04 * index, note, fontsize=7, wrap=True)
     files.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
 

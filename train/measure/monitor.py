@@ -1,9 +1,13 @@
 """Background sampling of GPU utilization (NVML, via nvidia-ml-py) and CPU utilization (psutil).
 
 NVML's "GPU utilization" is the percent of the last sample period (1/6 s to 1 s) in which
-any kernel ran on the GPU: a busy GPU reads near 100 %, a starved one near 0 %. It is not
-SM occupancy. Where there is no GPU or no NVML library the sampler says so once and
-records GPU figures as unavailable (None); it never invents a number.
+any kernel ran on the GPU: one tiny kernel at a time reads 100 %. Where the GPU offers
+NVML's GPM metrics (Hopper and newer) the sampler also records, between consecutive
+samples, SM activity (the share of SMs busy), SM occupancy (active warps against the
+maximum) and tensor-core activity: they tell a busy GPU from a trickle of small kernels.
+
+Where there is no GPU, no NVML library, or no GPM support (older GPUs, no permission) the
+sampler records the figure as unavailable (None) with the reason; it never invents a number.
 """
 
 from __future__ import annotations
@@ -15,6 +19,14 @@ from pathlib import Path
 
 import keras
 import psutil
+
+GPM_METRICS = (  # (key in a sample, the metric's name in nvidia-ml-py)
+    ("sm_activity_percent", "NVML_GPM_METRIC_SM_UTIL"),
+    ("sm_occupancy_percent", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    ("tensor_activity_percent", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+)
+GPM_KEYS = tuple(key for key, _ in GPM_METRICS)
+GPU_KEYS = ("utilization_percent", "memory_used_mb", "power_w", *GPM_KEYS)
 
 
 def _load_nvml():
@@ -28,6 +40,84 @@ def _load_nvml():
     except pynvml.NVMLError as error:
         return None, f"NVML is unavailable: {error}"
     return pynvml, ""
+
+
+def _gpm_reason(nvml, error: Exception) -> str:
+    """Why a GPU gives no GPM metrics, from the binding's error class."""
+    if isinstance(error, getattr(nvml, "NVMLError_NotSupported", ())):
+        return "NVML GPM metrics are not supported on this GPU (Hopper or newer needed)"
+    if isinstance(error, getattr(nvml, "NVMLError_NoPermission", ())):
+        return "no permission to read NVML GPM metrics"
+    if isinstance(error, getattr(nvml, "NVMLError_FunctionNotFound", ())):
+        return "the driver's NVML has no GPM functions (driver too old)"
+    return f"NVML GPM failed: {error}"
+
+
+class GpmReader:
+    """SM activity, SM occupancy and tensor-core activity of one GPU between consecutive reads.
+
+    NVML's GPM metrics are computed from two samples: each read takes a new sample and
+    compares it with the previous one, so the first read has no figures yet.
+    """
+
+    def __init__(self, nvml, handle):
+        self.nvml = nvml
+        self.handle = handle
+        self.reason: str | None = None
+        self._samples: list = []  # [previous, current]
+        self._have_previous = False
+        if not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
+            self.reason = "this nvidia-ml-py has no GPM bindings"
+            return
+        try:
+            if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+                self.reason = "NVML GPM metrics are not supported on this GPU (Hopper or newer needed)"
+                return
+            self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+        except nvml.NVMLError as error:
+            self.reason = _gpm_reason(nvml, error)
+            self.close()
+
+    def read(self) -> dict:
+        """{key: percent or None} since the previous read."""
+        empty = dict.fromkeys(GPM_KEYS)
+        if self.reason is not None:
+            return empty
+        nvml = self.nvml
+        previous, current = self._samples
+        try:
+            nvml.nvmlGpmSampleGet(self.handle, current)
+        except nvml.NVMLError as error:
+            if not isinstance(error, getattr(nvml, "NVMLError_Timeout", ())):  # anything but a transient failure
+                self.reason = _gpm_reason(nvml, error)
+                self.close()
+            return empty
+        self._samples.reverse()  # this sample is the previous one of the next read
+        if not self._have_previous:
+            self._have_previous = True
+            return empty
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRICS)
+        request.sample1, request.sample2 = previous, current
+        for index, (_, name) in enumerate(GPM_METRICS):
+            request.metrics[index].metricId = getattr(nvml, name)
+        try:
+            nvml.nvmlGpmMetricsGet(request)
+        except nvml.NVMLError:
+            return empty
+        return {
+            key: float(request.metrics[index].value) if request.metrics[index].nvmlReturn == nvml.NVML_SUCCESS else None
+            for index, key in enumerate(GPM_KEYS)
+        }
+
+    def close(self) -> None:
+        for sample in self._samples:
+            try:
+                self.nvml.nvmlGpmSampleFree(sample)
+            except self.nvml.NVMLError:
+                pass
+        self._samples = []
 
 
 class Sampler:
@@ -50,6 +140,7 @@ class Sampler:
                 self.handles, self.gpu_unavailable_reason = [], f"NVML could not list GPUs: {error}"
             if not self.handles and not self.gpu_unavailable_reason:
                 self.gpu_unavailable_reason = "NVML found no GPU"
+        self.gpm = [GpmReader(nvml, handle) for handle in self.handles]
         self.samples: list[dict] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -59,10 +150,26 @@ class Sampler:
     def gpu_available(self) -> bool:
         return bool(self.handles)
 
+    @property
+    def gpm_unavailable_reason(self) -> str | None:
+        """Why SM/tensor-core activity is missing (None when every GPU reports it)."""
+        if not self.handles:
+            return self.gpu_unavailable_reason
+        by_reason: dict[str, list[str]] = {}
+        for index, reader in enumerate(self.gpm):
+            if reader.reason is not None:
+                by_reason.setdefault(reader.reason, []).append(str(index))
+        if not by_reason:
+            return None
+        return "; ".join(
+            f"GPU {', '.join(indices)} ({self.gpu_names[int(indices[0])]}): {reason}"
+            for reason, indices in by_reason.items()
+        )
+
     def sample(self) -> dict:
         row = {"time": time.time(), "cpu_percent": psutil.cpu_percent(interval=None), "gpus": []}
-        for handle in self.handles:
-            gpu = {"utilization_percent": None, "memory_used_mb": None, "power_w": None}
+        for handle, gpm in zip(self.handles, self.gpm):
+            gpu = {"utilization_percent": None, "memory_used_mb": None, "power_w": None, **gpm.read()}
             try:
                 gpu["utilization_percent"] = float(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
                 gpu["memory_used_mb"] = self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
@@ -81,6 +188,8 @@ class Sampler:
 
     def start(self) -> None:
         psutil.cpu_percent(interval=None)  # the first call only sets the reference point
+        for reader in self.gpm:
+            reader.read()  # the first GPM sample: the thread's first row then has an interval
         self._thread = threading.Thread(target=self._run, name="utilization-sampler", daemon=True)
         self._thread.start()
 
@@ -89,6 +198,8 @@ class Sampler:
             self._stop.set()
             self._thread.join()
             self._thread = None
+        for reader in self.gpm:
+            reader.close()
         if self.nvml is not None:
             try:
                 self.nvml.nvmlShutdown()
@@ -104,16 +215,25 @@ class Sampler:
             "cpu_utilization_percent": _stats([r["cpu_percent"] for r in rows]),
             "gpu_available": self.gpu_available,
             "gpu_unavailable_reason": None if self.gpu_available else self.gpu_unavailable_reason,
+            "gpm_unavailable_reason": self.gpm_unavailable_reason,
             "gpus": [],
         }
         for index, name in enumerate(self.gpu_names):
             series = {
-                key: [r["gpus"][index][key] for r in rows if r["gpus"][index][key] is not None]
-                for key in ("utilization_percent", "memory_used_mb", "power_w")
+                key: [r["gpus"][index][key] for r in rows if r["gpus"][index].get(key) is not None] for key in GPU_KEYS
             }
-            result["gpus"].append({"index": index, "name": name, **{k: _stats(v) for k, v in series.items()}})
-        utilization = [g["utilization_percent"]["mean"] for g in result["gpus"] if g["utilization_percent"]]
-        result["gpu_utilization_percent"] = statistics.fmean(utilization) if utilization else None
+            result["gpus"].append(
+                {
+                    "index": index,
+                    "name": name,
+                    **{k: _stats(v) for k, v in series.items()},
+                    "gpm_unavailable_reason": self.gpm[index].reason,
+                }
+            )
+        # Means over the GPUs that report the figure; None (never 0) where none does.
+        for key, gpu_key in [("gpu_utilization_percent", "utilization_percent"), *zip(GPM_KEYS, GPM_KEYS)]:
+            means = [g[gpu_key]["mean"] for g in result["gpus"] if g[gpu_key]]
+            result[key] = statistics.fmean(means) if means else None
         return result
 
 
@@ -150,6 +270,8 @@ class MonitorCallback(keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(str(self.logdir), filename_suffix=".monitor")
             if not self.sampler.gpu_available:
                 self.log(f"GPU utilization: unavailable ({self.sampler.gpu_unavailable_reason}); sampling CPU only.")
+            elif self.sampler.gpm_unavailable_reason:
+                self.log(f"SM and tensor-core activity: unavailable ({self.sampler.gpm_unavailable_reason}).")
 
     def on_epoch_end(self, epoch, logs=None):
         self._write()
