@@ -6,6 +6,8 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 ARGS ?=
+# auto: the CPU scenario where no GPU is found; or a name in configs/scenarios/ (larger_than_memory), none
+SCENARIO ?= auto
 PORT ?= 6006
 LOGDIR ?= runs/compare
 WORKERS ?= 2
@@ -24,27 +26,30 @@ PY := $(VENV)/bin/python
 # tensorflow[and-cuda] where an NVIDIA driver answers, tensorflow-cpu elsewhere.
 TF_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
+# The exact versions for that extra: constraints-gpu.txt (tensorflow[and-cuda] and its CUDA wheels)
+# or constraints.txt (tensorflow-cpu).
+SETUP_CONSTRAINTS := $(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)
 endif
 
-.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch diagnose tensorboard test test-fast lint clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch diagnose tensorboard test test-fast test-container-stack lint clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
 	@echo "Usage: make <target> [ARGS='--set key=value ...']"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: $(STAMP) ## Create .venv and install the project with the pinned versions (constraints.txt)
+setup: $(STAMP) ## Create .venv and install the project with the pinned versions (constraints.txt; constraints-gpu.txt with a GPU)
 
 ifndef TEMPLATE_IN_CONTAINER
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml $(SETUP_CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -c constraints.txt -e ".[$(TF_EXTRA),dev]"
+	$(PY) -m pip install -c $(SETUP_CONSTRAINTS) -e ".[$(TF_EXTRA),dev]"
 	@touch $@
 endif
 
 data: setup ## Build the synthetic dataset (TFRecord shards in shards/; no-op when built)
-	$(PY) -m train data --config configs/base.yaml $(ARGS)
+	$(PY) -m train data --config configs/base.yaml --scenario $(SCENARIO) $(ARGS)
 
 train-naive: data ## Train the naive baseline (Python generator, serial, no prefetch) into runs/naive
 	$(PY) -m train fit --config configs/naive.yaml $(ARGS)
@@ -62,16 +67,16 @@ data-worker: data ## Run a tf.data service worker on WORKER_PORT (5051) for DISP
 	$(PY) -m train data-service worker --port $(WORKER_PORT) --dispatcher $(DISPATCHER) $(ARGS)
 
 compare: data ## Naive vs optimized on the same data and model: table + runs/compare/report.{md,png,json}
-	$(PY) -m train compare $(ARGS)
+	$(PY) -m train compare --scenario $(SCENARIO) $(ARGS)
 
 bench: data ## Naive vs optimized vs compute ceiling, interleaved trials -> runs/bench/bench.json
-	$(PY) -m train bench $(ARGS)
+	$(PY) -m train bench --scenario $(SCENARIO) $(ARGS)
 
 ladder: data ## One optimization at a time from naive, each measured -> runs/ladder/ladder.{json,md,png}
-	$(PY) -m train ladder $(ARGS)
+	$(PY) -m train ladder --scenario $(SCENARIO) $(ARGS)
 
 sweep-batch: data ## Throughput and utilization against batch size -> runs/sweep-batch/sweep.{json,png}
-	$(PY) -m train sweep-batch $(ARGS)
+	$(PY) -m train sweep-batch --scenario $(SCENARIO) $(ARGS)
 
 diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (LOGDIR=runs/compare)
 	$(PY) -m train diagnose $(LOGDIR) $(ARGS)
@@ -84,6 +89,26 @@ test: setup ## Run the whole test suite (CPU tests on tiny generated data, about
 
 test-fast: setup ## Run the tests not marked slow (under 2 minutes)
 	$(PY) -m pytest -m "not slow" $(ARGS)
+
+# The container-stack check: the project on the TensorFlow that the Docker image's base ships
+# (2.17, see constraints-container.txt), on CPU, in its own venv with the image's Python (3.12)
+# where one runs here, else python3.11. tensorflow-cpu and tensorboard stand in for the image;
+# then the Dockerfile's rule: keep the image's tensorflow*/tensorboard*, the rest from
+# constraints-container.txt.
+CONTAINER_VENV ?= .venv-container
+CONTAINER_PYTHON ?= $(firstword $(foreach p,python3.12 $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12),$(shell $(p) -c 'import venv' >/dev/null 2>&1 && echo $(p))) python3.11)
+
+test-container-stack: $(CONTAINER_VENV)/.installed ## Run the fast tests on the Docker image's stack (TensorFlow 2.17, Python 3.12) in .venv-container
+	$(CONTAINER_VENV)/bin/python -m pytest -m "not slow" $(ARGS)
+
+$(CONTAINER_VENV)/.installed: pyproject.toml constraints-container.txt
+	rm -rf $(CONTAINER_VENV)
+	$(CONTAINER_PYTHON) -m venv $(CONTAINER_VENV)
+	$(CONTAINER_VENV)/bin/python -m pip install --upgrade pip
+	$(CONTAINER_VENV)/bin/python -m pip install -c constraints-container.txt tensorflow-cpu tensorboard
+	$(CONTAINER_VENV)/bin/python -m pip freeze | grep -iE '^(tensorflow|tf-keras|tensorboard)[a-z_-]*==' > $(CONTAINER_VENV)/keep-base.txt
+	$(CONTAINER_VENV)/bin/python -m pip install -c $(CONTAINER_VENV)/keep-base.txt -c constraints-container.txt -e ".[dev]"
+	@touch $@
 
 lint: setup ## Lint the code (ruff) and the Dockerfile (hadolint), validate docker-compose.yml (Compose v2), offline
 	$(PY) -m train lint $(ARGS)

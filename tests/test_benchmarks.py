@@ -48,6 +48,14 @@ def test_bench_reports_medians_spreads_speedup_and_efficiency(tiny_data_dir, tmp
     )
     assert bench["speedup_range"][0] <= bench["speedup_range"][1]
     assert bench["device"] and "zero input cost" in bench["variants"]["ceiling"]["pipeline"]
+    for name in ("naive", "optimized"):  # what feeding the device costs the host
+        cost = bench["pipeline_cost"][name]
+        assert cost["core_seconds_per_example"] > 0 and cost["examples_per_sec_alone"] > 0
+        assert cost["cores_to_feed_device"] == pytest.approx(
+            cost["core_seconds_per_example"] * bench["variants"]["ceiling"]["median"]
+        )
+    assert bench["host_cores"] >= 1 and bench["peak_rss_mb"] > 0
+    assert "cores per 1,000 images/s" in result.stdout
     assert "speedup (optimized / naive, medians)" in result.stdout
     assert list((out / "tb" / "ceiling").glob("events.out.tfevents.*"))
 

@@ -45,7 +45,7 @@ def test_unknown_key_in_a_yaml_file_names_the_file(tmp_path):
         ("pipeline.batch_size=0", r"'pipeline.batch_size' is 0 but must be >= 1"),
         ("train.learning_rate=-0.1", r"'train.learning_rate' is -0.1 but must be > 0"),
         ("data.num_shards=5000", r"'data.num_shards' is 5000 but must be at most the number of examples"),
-        ("pipeline.cache=sometimes", r"'pipeline.cache' must be 'none' or 'memory' or 'auto'"),
+        ("pipeline.cache=sometimes", r"'pipeline.cache' must be 'auto' or 'memory' or 'disk' or 'encoded' or 'none'"),
         ("train.epochs=two", r"'train.epochs' must be int, got 'two'"),
         ("pipeline.augment=python", r"'pipeline.augment' is 'python' but must be"),
         ("model.widht=8", r"model 'resnet' has no parameter 'model.widht'. Did you mean 'width'"),

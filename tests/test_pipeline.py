@@ -87,10 +87,44 @@ def test_naive_preset_really_has_no_prefetch(tiny_spec):
     assert optimized.options().threading.max_intra_op_parallelism == 1
 
 
-def test_cache_auto_follows_the_memory_limit(tiny_spec):
-    assert pipeline.cache_enabled(knobs("optimized"), tiny_spec, tiny_spec.num_train)
-    assert not pipeline.cache_enabled(knobs("optimized", cache_limit_mb=0), tiny_spec, tiny_spec.num_train)
-    assert not pipeline.cache_enabled(knobs("naive"), tiny_spec, tiny_spec.num_train)
+MANY = 100_000  # examples: sizes in whole megabytes, as the limit is
+
+
+def cache_choice(tiny_spec, preset="optimized", **overrides) -> str:
+    resolved, _ = pipeline.resolve(knobs(preset, **overrides), tiny_spec, MANY, gpu=False)
+    return resolved.cache
+
+
+def test_cache_auto_prefers_decoded_then_disk_then_encoded_then_none(tiny_spec, tmp_path):
+    decoded = pipeline.decoded_size_mb(tiny_spec, knobs("optimized"), MANY, copies=2)
+    encoded = pipeline.encoded_size_mb(tiny_spec, MANY)
+    assert encoded < decoded  # JPEG bytes are smaller than pixels at the stored size
+    assert cache_choice(tiny_spec, cache_limit_mb=int(decoded) + 1) == "memory"
+    between = int(encoded) + 1  # the records fit, the decoded images (with their mirrors) do not
+    assert between < decoded
+    assert cache_choice(tiny_spec, cache_limit_mb=between) == "encoded"
+    assert cache_choice(tiny_spec, cache_limit_mb=between, cache_dir=str(tmp_path)) == "disk"
+    assert cache_choice(tiny_spec, cache_limit_mb=0) == "none"
+    assert cache_choice(tiny_spec, random_crop=True, cache_limit_mb=between) == "encoded"  # a decoded cache would freeze the crops
+    assert cache_choice(tiny_spec, "naive") == "none"
+
+
+def test_records_are_shuffled_before_decode_only_when_nothing_decoded_is_cached(tiny_spec):
+    def resolved(**overrides):
+        return pipeline.resolve(knobs("optimized", **overrides), tiny_spec, tiny_spec.num_train, gpu=False)[0]
+
+    assert resolved().shuffle_before_decode is False
+    assert resolved(cache_limit_mb=0).shuffle_before_decode is True
+    assert "shuffle(10000) of records -> map(decode" in pipeline.describe(
+        knobs("optimized", cache_limit_mb=0), tiny_spec, tiny_spec.num_train, 8
+    )
+    naive = pipeline.resolve(knobs("naive"), tiny_spec, tiny_spec.num_train, gpu=False)[0]
+    assert naive.shuffle_before_decode is False  # the Python generator shuffles decoded examples
+
+
+def test_augment_auto_runs_on_the_device_where_a_gpu_exists(tiny_spec):
+    assert pipeline.resolve(knobs("optimized", augment="auto"), tiny_spec, 1, gpu=True)[0].augment == "device"
+    assert pipeline.resolve(knobs("optimized", augment="auto"), tiny_spec, 1, gpu=False)[0].augment == "batched"
 
 
 @pytest.mark.parametrize(
@@ -173,7 +207,7 @@ def test_batched_augmentation_flips_about_half_left_right(tiny_spec):
 
 
 def test_the_optimized_pipeline_yields_plain_images_and_caches_mirrors(tiny_spec):
-    knob = knobs("optimized")
+    knob = knobs("optimized", cache="memory")
     train_mb = pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train)
     assert train_mb == 2 * pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train, training=False)
     assert "mirror -> cache" in pipeline.describe(knob, tiny_spec, tiny_spec.num_train, 8)

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from train.errors import RunFailed, UserError
+from train.errors import RunFailed, Stopped, UserError
 from train.quiet import import_tensorflow
 
 
@@ -36,7 +36,8 @@ def _scenario_args(parser: argparse.ArgumentParser, out: str) -> None:
     parser.add_argument(
         "--scenario",
         default="auto",
-        help="overlay for every variant: auto (the CPU scenario when no GPU is found), none, or a YAML",
+        help="overlay for every variant: auto (the CPU scenario when no GPU is found), none, a name in "
+        "configs/scenarios/ (larger_than_memory) or a YAML",
     )
     parser.add_argument(
         "--set",
@@ -63,6 +64,11 @@ def _load(args):
 def cmd_data(args) -> int:
     from train import sources
 
+    if args.scenario != "none":
+        import_tensorflow()
+        from train.benchmarks import scenario
+
+        args.overlay = scenario.resolve(args.scenario).overlays + args.overlay
     cfg = _load(args)
     import_tensorflow()
     spec, built = sources.prepare(cfg.data)
@@ -167,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = commands.add_parser("data", help="build the dataset a config trains on (no-op when built)")
     _config_args(data)
+    data.add_argument(
+        "--scenario",
+        default="none",
+        help="overlay the scenario's data too: auto, none (default), a name in configs/scenarios/ or a YAML",
+    )
     data.set_defaults(func=cmd_data)
 
     fit = commands.add_parser("fit", help="train one config into runs/<name>/")
@@ -200,7 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
     _scenario_args(ladder, out="runs/ladder")
-    ladder.add_argument("--ladder", default="configs/ladder/ladder.yaml", help="the rungs (default: %(default)s)")
+    ladder.add_argument(
+        "--ladder",
+        help="the rungs (default: configs/ladder/<scenario>.yaml for a named scenario that has one, else "
+        "configs/ladder/ladder.yaml)",
+    )
     ladder.add_argument("--trials", type=int, default=5, help="paired trials per rung (default: %(default)s)")
     ladder.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per trial (default: %(default)s)")
     ladder.set_defaults(func=cmd_ladder)
@@ -280,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as error:
         print(f"error: {error}", file=sys.stderr)
         return 3
+    except Stopped as error:
+        print(error, file=sys.stderr)
+        return error.status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -16,6 +16,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from train import files
 from train.errors import UserError, did_you_mean
 
 Auto = Literal["auto"]
@@ -46,12 +47,29 @@ class PipelineConfig:
     parallel_reads: Union[int, Auto] = "auto"  # shards read at once by interleave; 1 reads them one after another
     parallel_calls: Union[int, Auto] = "auto"  # parallelism of map (decode, augment); 1 is serial
     deterministic: bool = False  # False lets parallel stages hand out whichever element is ready first
-    cache: Literal["none", "memory", "auto"] = "auto"  # auto: cache decoded images when they fit in cache_limit_mb
+    output_size: Union[int, None] = None  # side of the images fed to the model; null: as stored (data.image_size)
+    # Decode JPEGs at 1/2, 1/4 or 1/8 of their size (libjpeg's DCT scaling) when stored larger than output_size.
+    scaled_decode: bool = False
+    # Training: a random window of 50-100 % of the area (aspect 3/4-4/3), resized to output_size; only the
+    # window is decoded (decode_and_crop_jpeg). Changes what is learned, like any augmentation.
+    random_crop: bool = False
+    # What is kept between epochs. memory: decoded images in RAM; disk: a tf.data snapshot of decoded images
+    # under cache_dir; encoded: the records (JPEG bytes) in RAM, decoded every epoch; none.
+    # auto: memory when the decoded images fit in cache_limit_mb, else disk when cache_dir is set, else
+    # encoded when the records fit, else none.
+    cache: Literal["auto", "memory", "disk", "encoded", "none"] = "auto"
     cache_limit_mb: int = 4096
-    shuffle_buffer: int = 10_000  # 0 turns the element shuffle off
-    batch_size: int = 256
+    cache_dir: Union[str, None] = None  # local folder for cache: disk (snapshots are kept for later runs)
+    shuffle_buffer: int = 10_000  # elements; 0 turns the element shuffle off
+    # Shuffle the encoded records instead of decoded images: a buffer of JPEG bytes, not of pixels.
+    # auto: when nothing decoded is cached (a decoded cache is shuffled after it instead).
+    shuffle_before_decode: Union[bool, Auto] = "auto"
+    batch_size: int = 256  # per replica; the global batch is batch_size x replicas
     drop_remainder: bool = True  # static batch shape for XLA and for even replicas
-    augment: Literal["none", "python", "per_example", "batched"] = "batched"  # python: numpy in the generator
+    # python: numpy in the generator; per_example: a map before batch; batched: one vectorized map per
+    # batch; device: Keras layers at the start of the model, on the accelerator; auto: device where a GPU
+    # exists, batched elsewhere.
+    augment: Literal["auto", "none", "python", "per_example", "batched", "device"] = "batched"
     prefetch: Union[int, Auto] = "auto"  # batches prepared ahead of the model; 0 turns it off
     autotune: bool = True  # let tf.data tune parallelism and buffer sizes
     private_threadpool_size: int = 0  # 0 uses TensorFlow's shared inter-op pool
@@ -251,6 +269,38 @@ def _check_ranges(cfg: Config, source: str) -> None:
     need(p.prefetch == "auto" or p.prefetch >= 0, "pipeline.prefetch", p.prefetch, "'auto' or >= 0")
     need(p.shuffle_buffer >= 0, "pipeline.shuffle_buffer", p.shuffle_buffer, ">= 0")
     need(p.cache_limit_mb >= 0, "pipeline.cache_limit_mb", p.cache_limit_mb, ">= 0")
+    need(p.output_size is None or p.output_size >= 8, "pipeline.output_size", p.output_size, "null or >= 8")
+    need(
+        p.cache != "disk" or bool(p.cache_dir),
+        "pipeline.cache_dir",
+        p.cache_dir,
+        "a local folder when pipeline.cache is 'disk'",
+    )
+    need(
+        not p.random_crop or p.cache in ("auto", "encoded", "none"),
+        "pipeline.cache",
+        p.cache,
+        "'auto', 'encoded' or 'none' with pipeline.random_crop (a decoded cache would keep the first crops)",
+    )
+    for key in ("random_crop", "scaled_decode"):
+        need(
+            not getattr(p, key) or p.reader == "tfrecord",
+            f"pipeline.{key}",
+            getattr(p, key),
+            "false unless pipeline.reader is 'tfrecord'",
+        )
+    need(
+        p.shuffle_before_decode is not True or p.reader == "tfrecord",
+        "pipeline.shuffle_before_decode",
+        p.shuffle_before_decode,
+        "'auto' or false unless pipeline.reader is 'tfrecord'",
+    )
+    need(
+        p.cache not in ("encoded", "disk") or p.reader == "tfrecord",
+        "pipeline.cache",
+        p.cache,
+        "'memory', 'auto' or 'none' unless pipeline.reader is 'tfrecord'",
+    )
     need(p.private_threadpool_size >= 0, "pipeline.private_threadpool_size", p.private_threadpool_size, ">= 0")
     need(p.max_intra_op_parallelism >= 0, "pipeline.max_intra_op_parallelism", p.max_intra_op_parallelism, ">= 0")
     need(
@@ -411,6 +461,4 @@ def save(cfg: Config, path: Path, header: str = "") -> None:
     text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(comment + text)
-    tmp.replace(path)
+    files.write_text(path, comment + text)

@@ -21,6 +21,18 @@ class RunFailed(Exception):
     """
 
 
+class Stopped(Exception):
+    """A run stopped on request (SIGTERM, Ctrl-C) after saving a checkpoint to resume from.
+
+    The CLI prints it as one line and exits with `status`: 128 + the signal's number
+    (143 for SIGTERM, 130 for SIGINT), as a process killed by that signal would.
+    """
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """' Did you mean 'x'?' when a close match exists, else ''."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -10,6 +10,7 @@ the same run; min-max spreads are reported so a reader can judge the noise of a 
 from __future__ import annotations
 
 import gc
+import resource
 import statistics
 from pathlib import Path
 
@@ -62,7 +63,24 @@ def table(result: dict) -> str:
     )
     for name, value in result.get("data_service", {}).items():
         lines.append(f"{name} / local optimized (median of per-round ratios): {value:.2f}")
+    lines += feeding_lines(result)
     return "\n".join(lines)
+
+
+def feeding_lines(result: dict) -> list[str]:
+    """How many host cores each pipeline needs to keep the device (the ceiling) fed."""
+    ceiling = result["variants"]["ceiling"]["median"]
+    lines = []
+    for name, cost in result.get("pipeline_cost", {}).items():
+        per_thousand = cost["core_seconds_per_example"] * 1000
+        lines.append(
+            f"{name} pipeline alone: {cost['examples_per_sec_alone']:,.0f} ex/s, {per_thousand:.2f} cores per 1,000 "
+            f"images/s; the device eats {ceiling:,.0f}/s: {cost['cores_to_feed_device']:.1f} cores "
+            f"(this host has {result['host_cores']}); memory +{cost['memory_growth_mb']:,.0f} MB"
+        )
+    if result.get("peak_rss_mb"):
+        lines.append(f"peak RSS of this benchmark process (every variant): {result['peak_rss_mb']:,.0f} MB")
+    return lines
 
 
 def main(args) -> int:
@@ -120,8 +138,19 @@ def main(args) -> int:
             service_ratios[variant.name] = statistics.median(trials.paired_ratios(variant, local))
         local.samples = first_round
         variants += served[1:]
+    for variant in variants:
+        variant.iterator = None  # stops their prefetching: the pipelines are measured alone below
+    gc.collect()
+    costs = {}
+    for name in ("naive", "optimized"):
+        cost = trials.pipeline_cost(configs[name], spec, found)
+        cost["cores_to_feed_device"] = cost["core_seconds_per_example"] * stats["ceiling"]["median"]
+        costs[name] = cost
     result = {
         "device": found.describe(),
+        "host_cores": found.cpu_cores,
+        "pipeline_cost": costs,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "scenario": scenario.why,
         "model": configs["optimized"].model.name,
         "image_shape": list(spec.image_shape),

@@ -43,6 +43,15 @@ def load_ladder(path: Path) -> dict:
     return ladder
 
 
+def default_ladder(scenario: scenario_lib.Scenario) -> Path:
+    """The scenario's own ladder (configs/ladder/<scenario>.yaml) where it has one."""
+    for overlay in scenario.overlays:
+        own = files.PROJECT_ROOT / "configs" / "ladder" / Path(overlay).name
+        if own.is_file():
+            return own
+    return files.PROJECT_ROOT / "configs" / "ladder" / "ladder.yaml"
+
+
 def _overrides(values: dict) -> list[str]:
     return [f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in values.items()]
 
@@ -64,9 +73,9 @@ def _hparams(cfg) -> dict:
 
 
 def main(args) -> int:
-    ladder_path = files.project_file(args.ladder)
-    ladder = load_ladder(ladder_path)
     scenario = scenario_lib.resolve(args.scenario)
+    ladder_path = files.project_file(args.ladder or default_ladder(scenario))
+    ladder = load_ladder(ladder_path)
     start = ladder_path.parent / ladder["start"]
 
     def config_for(name: str, kept: list[str]):

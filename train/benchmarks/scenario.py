@@ -28,6 +28,13 @@ class Scenario:
         return config_lib.load(files.project_file(path), list(overrides), layers=self.overlays, name=name)
 
 
+def named(choice: str) -> str:
+    """A bare scenario name means configs/scenarios/<name>.yaml."""
+    if "/" in choice or choice.endswith((".yaml", ".yml")):
+        return choice
+    return f"configs/scenarios/{choice}.yaml"
+
+
 def has_gpu() -> bool:
     import tensorflow as tf
 
@@ -38,12 +45,14 @@ def resolve(choice: str) -> Scenario:
     if choice == "none":
         return Scenario([], "no scenario overlay: every preset as written")
     if choice != "auto":
-        path = files.project_file(choice)
+        path = files.project_file(named(choice))
         if not path.is_file():
+            known = sorted(p.stem for p in (files.PROJECT_ROOT / "configs" / "scenarios").glob("*.yaml"))
             raise UserError(
-                f"--scenario '{choice}' is not a file. Use auto, none, or a YAML overlay such as {CPU_SCENARIO}."
+                f"--scenario '{choice}' is neither a file nor a scenario in configs/scenarios/. Use auto, none, "
+                f"a scenario name ({', '.join(known)}) or a YAML overlay."
             )
-        return Scenario([str(path)], f"scenario overlay {choice}")
+        return Scenario([str(path)], f"scenario {Path(path).stem} ({named(choice)})")
     if has_gpu():
         return Scenario([], "GPU found: every preset as written")
     return Scenario(

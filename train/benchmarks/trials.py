@@ -111,7 +111,7 @@ def prepare(
     same model with zero input cost. A config with several replicas (train.strategy: mirrored)
     really runs on them: the batches are distributed like `model.fit` distributes them.
     """
-    cfg, choices = setup.resolve(cfg, found)
+    cfg, choices = setup.resolve(cfg, found, spec)
     strategy = setup.make_strategy(cfg)
     replicas = strategy.num_replicas_in_sync
     setup.check_batch_size(cfg, spec, replicas)
@@ -145,7 +145,7 @@ def prepare(
     epoch_calls = -(
         -pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder) // choices.steps_per_execution
     )
-    caches = pipeline.cache_enabled(knobs, spec, spec.num_train) and not ceiling
+    caches = knobs.cache != "none" and not ceiling  # the first epoch fills it
     started = time.perf_counter()
     variant.run(epoch_calls + 1 if caches else 3)
     while time.perf_counter() - started < warmup_seconds:
@@ -155,6 +155,49 @@ def prepare(
         f"{choices.steps_per_execution} steps/execution) after {time.perf_counter() - started:.1f} s of warm-up"
     )
     return variant
+
+
+def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, seconds: float = 3.0) -> dict:
+    """The input pipeline alone, without the model: CPU time per example and memory.
+
+    Every thread of the process counts (process_time), so parallel stages are charged in full:
+    `core_seconds_per_example` x a device's examples/s is how many host cores it takes to feed
+    that device. Caches are filled first (one epoch), as in the trials.
+    """
+    import psutil
+
+    cfg, _ = setup.resolve(cfg, found, spec)
+    knobs = cfg.pipeline
+    process = psutil.Process()
+    start_rss = process.memory_info().rss
+    dataset = pipeline.build(
+        spec.train_files,
+        spec,
+        knobs,
+        training=True,
+        num_examples=spec.num_train,
+        batch_size=knobs.batch_size,
+        seed=cfg.train.seed,
+    )
+    iterator = iter(dataset)
+    epoch = pipeline.steps_per_epoch(spec.num_train, knobs.batch_size, knobs.drop_remainder)
+    for _ in range(epoch + 2 if knobs.cache != "none" else 2):
+        next(iterator)
+    peak = process.memory_info().rss
+    batches, cpu, started = 0, time.process_time(), time.perf_counter()
+    while time.perf_counter() - started < seconds or batches < 5:
+        next(iterator)
+        batches += 1
+        if batches % 8 == 0:
+            peak = max(peak, process.memory_info().rss)
+    examples = batches * knobs.batch_size
+    result = {
+        "core_seconds_per_example": (time.process_time() - cpu) / examples,
+        "examples_per_sec_alone": examples / (time.perf_counter() - started),
+        "memory_growth_mb": (max(peak, process.memory_info().rss) - start_rss) / 2**20,
+    }
+    del iterator
+    return result
 
 
 def interleaved(variants: list[Variant], trials: int, seconds: float, log: Callable[[str], None] = print) -> None:

@@ -104,12 +104,36 @@ def tf_augment_batch(index, batch, seed: int = 0):
     import tensorflow as tf
 
     stacked, labels = batch
-    size = tf.shape(stacked)[0]
-    shift = max_shift(int(stacked.shape[1]) // 2)
-    key = _seed(seed, index)
+    flip_lr, flip_ud, dy = _draws(_seed(seed, index), tf.shape(stacked)[0], max_shift(int(stacked.shape[1]) // 2))
+    return tf_apply_mirrored(stacked, flip_lr, flip_ud, dy), labels
+
+
+def element_seed(seed, index):
+    """The stateless seed of the `index`-th element of a stream (random crops)."""
+    return _seed(seed, index) + [0, 1 << 41]
+
+
+def _draws(key, size, shift: int):
+    """Per-example left-right flips, up-down flips and vertical shifts for a batch of `size`."""
+    import tensorflow as tf
+
     flips = tf.random.stateless_uniform([2, size], seed=key) < 0.5
     dy = tf.random.stateless_uniform([size], seed=key + [0, 1 << 40], minval=-shift, maxval=shift + 1, dtype=tf.int32)
-    return tf_apply_mirrored(stacked, flips[0], flips[1], dy), labels
+    return flips[0], flips[1], dy
+
+
+def tf_augment_plain_batch(index, batch, seed: int = 0):
+    """`tf_augment_batch` for plain images [B, H, W, C] (no decoded cache, so no stored mirror).
+
+    The batch comes from a shuffled stream, so flipping its first k images (k drawn as the
+    number of heads in B coin flips) flips each example with probability 1/2: one reverse of
+    k images instead of a per-pixel select over the batch.
+    """
+    import tensorflow as tf
+
+    images, labels = batch
+    flip_lr, flip_ud, dy = _draws(_seed(seed, index), tf.shape(images)[0], max_shift(int(images.shape[1])))
+    return tf_apply(images, flip_ud, dy, tf.reduce_sum(tf.cast(flip_lr, tf.int32))), labels
 
 
 def tf_augment_one(index, example, seed: int = 0):
@@ -122,3 +146,35 @@ def tf_augment_one(index, example, seed: int = 0):
     dy = tf.cast(tf.floor(draws[1] * (2 * shift + 1)), tf.int32) - shift
     flip_lr = tf.cast(draws[2] < 0.5, tf.int32)
     return tf_apply(image[None], (draws[:1] < 0.5), dy[None], flip_lr)[0], label
+
+
+def device_augment_layer():
+    """The same flips and shift as a Keras layer at the start of the model (pipeline.augment:
+    device): on a GPU they run there, next to the model, instead of on the host's cores."""
+    import keras
+    import tensorflow as tf
+
+    @keras.saving.register_keras_serializable(package="train")
+    class DeviceAugment(keras.layers.Layer):
+        """Random flips and vertical shift of uint8 images, in training only."""
+
+        def __init__(self, seed: int = 0, **kwargs):
+            super().__init__(**kwargs)
+            self.seed = seed
+            self.seed_generator = keras.random.SeedGenerator(seed)
+
+        def call(self, images, training=None):
+            if not training:
+                return images
+            key = tf.cast(keras.random.randint([2], 0, 2**31 - 1, seed=self.seed_generator), tf.int64)
+            flip_lr, flip_ud, dy = _draws(key, tf.shape(images)[0], max_shift(int(images.shape[1])))
+            flipped = tf.where(flip_lr[:, None, None, None], tf.reverse(images, axis=[2]), images)
+            return tf_apply(flipped, flip_ud, dy, 0)
+
+        def compute_output_shape(self, input_shape):
+            return input_shape
+
+        def get_config(self):
+            return {**super().get_config(), "seed": self.seed}
+
+    return DeviceAugment

@@ -5,29 +5,40 @@ The naive baseline and the optimized pipeline are presets of these knobs
 Stages, in order, each switched by its knob:
 
     read      python: a generator reads records and decodes JPEGs with PIL, one by one
-              tfrecord: shard list (shuffled) -> interleave(TFRecordDataset) -> map(parse+decode)
-    mirror    batched augmentation only: each image next to its left-right mirror (made once when cached)
-    cache     decoded images in memory, when they fit
-    shuffle   element shuffle buffer
+              tfrecord: shard list (shuffled) -> interleave(TFRecordDataset)
+    cache     encoded: the records (JPEG bytes) in memory
+    shuffle   before decode: a buffer of records, when nothing decoded is cached
+    decode    parse + decode in parallel, at output_size: full decode and resize, DCT-scaled
+              decode (scaled_decode), or only a random window (random_crop)
+    mirror    batched augmentation with a decoded memory cache: each image next to its mirror
+    cache     memory: decoded images in RAM; disk: a snapshot of decoded images under cache_dir
+    shuffle   decoded elements (after a decoded cache)
     augment   python (in the generator) | per_example (map, before batch)
     batch
     repeat    training only: the iterator lives across epochs, so prefetch spans the boundary
-    augment   batched: one vectorized map per batch (a row gather from the mirrored images)
+    augment   batched: one vectorized map per batch (a row gather; from the mirror when cached)
     service   optional: the stages above run on tf.data service workers
     prefetch
+    (augment  device: Keras layers at the start of the model, see augment.DeviceAugment)
 
-Elements are (uint8 images [B, H, W, C], int64 labels [B]).
+`resolve` turns every `auto` into a choice and a reason (the run set-up writes both into the
+run); `build` builds the resolved pipeline. Elements are (uint8 images [B, H, W, C], int64
+labels [B]).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
+import os
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from train.config import PipelineConfig
+from train.errors import UserError
 from train.input import augment, records
 from train.sources import DatasetSpec
 
@@ -42,28 +53,149 @@ def _auto(value: int | str) -> int:
     return AUTOTUNE if value == "auto" else int(value)
 
 
-def mirrored(knobs: PipelineConfig, training: bool = True) -> bool:
-    """Batched augmentation stores each image with its mirror (see augment.add_mirror)."""
-    return training and knobs.augment == "batched"
-
-
-def decoded_size_mb(spec: DatasetSpec, num_examples: int, copies: int = 1) -> float:
+def image_shape(spec: DatasetSpec, knobs: PipelineConfig) -> tuple[int, int, int]:
+    """The shape of the images the pipeline hands to the model."""
     height, width, channels = spec.image_shape
+    if knobs.output_size is None:
+        return spec.image_shape
+    if knobs.output_size > min(height, width):
+        raise UserError(
+            f"pipeline.output_size {knobs.output_size} is larger than the stored images of {spec.root} "
+            f"({height}x{width}). Set it to {min(height, width)} or less (or null to train at the stored size)."
+        )
+    return (knobs.output_size, knobs.output_size, channels)
+
+
+def mirrored(knobs: PipelineConfig, training: bool = True) -> bool:
+    """Batched augmentation on decoded images cached in memory stores each with its mirror
+    (augment.add_mirror): made once, so a flip is a row gather. Without that cache the mirror
+    would be made every epoch, twice the work and memory; then the batch is flipped instead."""
+    return training and knobs.augment == "batched" and knobs.cache == "memory"
+
+
+def decoded_size_mb(spec: DatasetSpec, knobs: PipelineConfig, num_examples: int, copies: int = 1) -> float:
+    height, width, channels = image_shape(spec, knobs)
     return copies * num_examples * height * width * channels / 2**20
 
 
+def encoded_size_mb(spec: DatasetSpec, num_examples: int) -> float:
+    """The records' size (the training shards' bytes, per example), what an encoded cache holds."""
+    total = sum(os.path.getsize(path) for path in spec.train_files)
+    return total / max(1, spec.num_train) * num_examples / 2**20
+
+
 def cache_size_mb(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, training: bool = True) -> float:
-    return decoded_size_mb(spec, num_examples, copies=2 if mirrored(knobs, training) else 1)
+    if knobs.cache == "encoded":
+        return encoded_size_mb(spec, num_examples)
+    if knobs.cache in ("memory", "disk"):
+        return decoded_size_mb(spec, knobs, num_examples, copies=2 if mirrored(knobs, training) else 1)
+    return 0.0
 
 
-def cache_enabled(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, training: bool = True) -> bool:
-    if knobs.cache == "auto":
-        return cache_size_mb(knobs, spec, num_examples, training) <= knobs.cache_limit_mb
-    return knobs.cache == "memory"
+def resolve(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, gpu: bool) -> tuple[PipelineConfig, dict]:
+    """`knobs` with every `auto` of what to cache, where to shuffle and where to augment decided
+    for this dataset and device; and the reason for each choice."""
+    reasons = {}
+    augment_choice = knobs.augment
+    if augment_choice == "auto":
+        augment_choice = "device" if gpu else "batched"
+        reasons["pipeline.augment"] = (
+            "GPU: flips and shift run on the accelerator, at the start of the model"
+            if gpu
+            else "no GPU: vectorized on the host, one map per batch (the model shares these cores anyway)"
+        )
+    cache = knobs.cache
+    if cache == "auto":
+        batched = dataclasses.replace(knobs, augment=augment_choice, cache="memory")
+        decoded = cache_size_mb(batched, spec, num_examples)
+        encoded = encoded_size_mb(spec, num_examples)
+        limit = knobs.cache_limit_mb
+        if knobs.random_crop:
+            cache = "encoded" if encoded <= limit else "none"
+            why = f"random_crop decodes a new window every epoch: encoded records ({encoded:.0f} MB)"
+        elif decoded <= limit:
+            cache, why = "memory", f"decoded images ({decoded:.0f} MB) fit in cache_limit_mb ({limit})"
+        elif knobs.cache_dir:
+            cache = "disk"
+            why = f"decoded images ({decoded:.0f} MB) exceed cache_limit_mb ({limit}): snapshot in {knobs.cache_dir}"
+        elif encoded <= limit:
+            cache, why = (
+                "encoded",
+                (
+                    f"decoded images ({decoded:.0f} MB) exceed cache_limit_mb ({limit}); the records "
+                    f"({encoded:.0f} MB) fit, decoded every epoch"
+                ),
+            )
+        else:
+            cache, why = "none", f"neither decoded ({decoded:.0f} MB) nor encoded ({encoded:.0f} MB) fit in {limit} MB"
+        reasons["pipeline.cache"] = cache + ": " + why
+    before = knobs.shuffle_before_decode
+    if before == "auto":
+        before = cache in ("encoded", "none") and knobs.reader == "tfrecord"
+        reasons["pipeline.shuffle_before_decode"] = (
+            "nothing decoded is cached: shuffle the records, a buffer of JPEG bytes instead of pixels"
+            if before
+            else f"decoded images are cached ({cache}): shuffle them after the cache"
+        )
+    resolved = dataclasses.replace(knobs, augment=augment_choice, cache=cache, shuffle_before_decode=bool(before))
+    return resolved, reasons
+
+
+def decode_ratio(stored: int, output: int) -> int:
+    """The largest DCT scale (1, 2, 4 or 8) that still decodes at least `output` pixels."""
+    ratio = 1
+    while ratio < 8 and stored // (ratio * 2) >= output:
+        ratio *= 2
+    return ratio
+
+
+def decoder(spec: DatasetSpec, knobs: PipelineConfig, training: bool):
+    """(encoded bytes, per-element seed) -> uint8 image at `image_shape(spec, knobs)`."""
+    shape = image_shape(spec, knobs)
+    jpeg = spec.encoding == "jpeg"
+    crop = training and knobs.random_crop
+    resize = shape != spec.image_shape
+
+    def to_size(image):
+        if tuple(image.shape[:2]) != tuple(shape[:2]):
+            image = tf.image.resize(image, shape[:2], method="bilinear", antialias=True)
+            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        return tf.ensure_shape(image, shape)
+
+    def decode(encoded, seed):
+        if crop:
+            full = tf.io.extract_jpeg_shape(encoded) if jpeg else tf.shape(tf.io.decode_image(encoded, channels=3))
+            begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+                full,
+                tf.zeros([1, 0, 4]),
+                seed=seed,
+                area_range=(0.5, 1.0),
+                aspect_ratio_range=(0.75, 1.33),
+                max_attempts=10,
+                use_image_if_no_bounding_boxes=True,
+            )
+            window = tf.stack([begin[0], begin[1], size[0], size[1]])
+            if jpeg:
+                image = tf.io.decode_and_crop_jpeg(encoded, window, channels=shape[2])
+            else:
+                image = tf.image.crop_to_bounding_box(
+                    tf.io.decode_image(encoded, channels=shape[2], expand_animations=False), *tf.unstack(window)
+                )
+            return to_size(image)
+        if not resize:
+            return decode_image(encoded, spec)
+        if jpeg and knobs.scaled_decode:
+            ratio = decode_ratio(min(spec.image_shape[:2]), shape[0])
+            image = tf.io.decode_jpeg(encoded, channels=shape[2], ratio=ratio)
+            image.set_shape([spec.image_shape[0] // ratio, spec.image_shape[1] // ratio, shape[2]])
+            return to_size(image)
+        return to_size(decode_image(encoded, spec))
+
+    return decode
 
 
 def decode_image(encoded, spec: DatasetSpec):
-    """Bytes -> uint8 [H, W, C] with a static shape."""
+    """Bytes -> uint8 [H, W, C] at the stored size, with a static shape."""
     if spec.encoding == "jpeg":
         image = tf.io.decode_jpeg(encoded, channels=spec.image_shape[2], dct_method=JPEG_DCT_METHOD)
     else:
@@ -78,6 +210,7 @@ def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bo
 
     epochs = itertools.count()
     python_augment = training and knobs.augment == "python"
+    shape = image_shape(spec, knobs)
 
     def decode(path: str, index: int, item) -> tuple[np.ndarray, int]:
         if isinstance(item, records.CorruptRecord):
@@ -89,6 +222,8 @@ def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bo
             raise records.CorruptRecord(path, index, f"image does not decode ({error})") from None
         if image.shape != spec.image_shape:
             raise records.CorruptRecord(path, index, f"image is {image.shape}, the dataset says {spec.image_shape}")
+        if shape != spec.image_shape:
+            image = np.asarray(Image.fromarray(image).resize(shape[1::-1], Image.BILINEAR))
         return image, label
 
     def examples():
@@ -109,7 +244,7 @@ def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bo
                 yield image, label
 
     signature = (
-        tf.TensorSpec(shape=spec.image_shape, dtype=tf.uint8),
+        tf.TensorSpec(shape=shape, dtype=tf.uint8),
         tf.TensorSpec(shape=(), dtype=tf.int64),
     )
     return tf.data.Dataset.from_generator(examples, output_signature=signature)
@@ -141,13 +276,20 @@ def _tfrecord_reader(
         )
     if damaged_here:
         serialized = serialized.concatenate(tf.data.Dataset.from_tensor_slices(damaged_here))
+    if knobs.cache == "encoded":
+        serialized = serialized.cache()
+    if training and knobs.shuffle_buffer and knobs.shuffle_before_decode:
+        serialized = serialized.shuffle(knobs.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     spec_features = records.feature_spec()
+    decode = decoder(spec, knobs, training)
 
-    def parse_and_decode(payload):
+    def parse_and_decode(index, payload):
         example = tf.io.parse_single_example(payload, spec_features)
-        return decode_image(example["image"], spec), example["label"]
+        # A per-element seed (run seed, position in the stream): random crops are the same in every
+        # run and any thread, so resumed runs stay exact.
+        return decode(example["image"], augment.element_seed(seed, index)), example["label"]
 
-    return serialized.map(
+    return serialized.enumerate().map(
         parse_and_decode, num_parallel_calls=_auto(knobs.parallel_calls), deterministic=knobs.deterministic
     )
 
@@ -185,6 +327,8 @@ def build(
     `training=False` reads every example once, unshuffled and without augmentation (in file
     order when `pipeline.deterministic`; the optimized preset hands out whichever is ready).
     """
+    if "auto" in (knobs.cache, knobs.augment, knobs.shuffle_before_decode):
+        knobs, _ = resolve(knobs, spec, num_examples, gpu=bool(tf.config.list_physical_devices("GPU")))
     if knobs.reader == "python":
         dataset = _python_reader(files, spec, knobs, training, seed)
     else:
@@ -192,9 +336,11 @@ def build(
     parallel_calls = _auto(knobs.parallel_calls)
     if mirrored(knobs, training):
         dataset = dataset.map(augment.add_mirror, num_parallel_calls=parallel_calls, deterministic=knobs.deterministic)
-    if cache_enabled(knobs, spec, num_examples, training):
+    if knobs.cache == "memory":
         dataset = dataset.cache()
-    if training and knobs.shuffle_buffer:
+    elif knobs.cache == "disk":
+        dataset = dataset.snapshot(str(snapshot_dir(knobs, spec, training)), compression=None)
+    if training and knobs.shuffle_buffer and not knobs.shuffle_before_decode:
         dataset = dataset.shuffle(knobs.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if training and knobs.augment == "per_example":
         # Indexed within the epoch; the shuffle gives each position a different example every epoch.
@@ -208,8 +354,9 @@ def build(
         dataset = dataset.repeat()
     if training and knobs.augment == "batched":
         # Indexed batches: augmentation draws are stateless functions of (seed, batch index).
+        batch_augment = augment.tf_augment_batch if mirrored(knobs, training) else augment.tf_augment_plain_batch
         dataset = dataset.enumerate().map(
-            lambda index, batch: augment.tf_augment_batch(index, batch, seed),
+            lambda index, batch: batch_augment(index, batch, seed),
             num_parallel_calls=parallel_calls,
             deterministic=knobs.deterministic,
         )
@@ -219,6 +366,13 @@ def build(
     if knobs.prefetch:
         dataset = dataset.prefetch(_auto(knobs.prefetch))
     return dataset.with_options(options(knobs))
+
+
+def snapshot_dir(knobs: PipelineConfig, spec: DatasetSpec, training: bool) -> Path:
+    """Where cache: disk keeps the decoded images of a split (tf.data keys each pipeline's
+    snapshot by its fingerprint below this folder, so a changed pipeline never reads a stale one)."""
+    height = image_shape(spec, knobs)[0]
+    return Path(knobs.cache_dir) / spec.root.parent.name / f"{height}px" / ("train" if training else "validation")
 
 
 def to_service(dataset: tf.data.Dataset, knobs: PipelineConfig, job_name: str | None = None) -> tf.data.Dataset:
@@ -244,18 +398,31 @@ def steps_per_epoch(num_examples: int, batch_size: int, drop_remainder: bool) ->
 
 def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, batch_size: int) -> str:
     """One line naming the stages this preset turns on, for logs and reports."""
+    if "auto" in (knobs.cache, knobs.augment, knobs.shuffle_before_decode):
+        knobs, _ = resolve(knobs, spec, num_examples, gpu=False)
+    shape = image_shape(spec, knobs)
+    size = f" at {shape[0]}px" if shape != spec.image_shape else ""
+    shuffle = f"shuffle({knobs.shuffle_buffer})" if knobs.shuffle_buffer else None
     if knobs.reader == "python":
-        stages = ["python generator (PIL decode)"]
+        stages = [f"python generator (PIL decode{size})"]
     else:
         reads = "sequential reads" if knobs.parallel_reads == 1 else f"interleave({knobs.parallel_reads})"
-        stages = [f"tfrecord {reads}", f"map(decode, {knobs.parallel_calls})"]
+        stages = [f"tfrecord {reads}"]
+        if knobs.cache == "encoded":
+            stages.append(f"cache (encoded, {cache_size_mb(knobs, spec, num_examples):.0f} MB)")
+        if shuffle and knobs.shuffle_before_decode:
+            stages.append(shuffle + " of records")
+        how = "crop window" if knobs.random_crop else "DCT-scaled" if knobs.scaled_decode and size else ""
+        stages.append(f"map(decode{size}{', ' + how if how else ''}, {knobs.parallel_calls})")
     if mirrored(knobs):
         stages.append("mirror")
-    if cache_enabled(knobs, spec, num_examples):
+    if knobs.cache == "memory":
         stages.append(f"cache ({cache_size_mb(knobs, spec, num_examples):.0f} MB)")
-    if knobs.shuffle_buffer:
-        stages.append(f"shuffle({knobs.shuffle_buffer})")
-    if knobs.augment not in ("none", "batched"):
+    elif knobs.cache == "disk":
+        stages.append(f"snapshot on disk ({cache_size_mb(knobs, spec, num_examples):.0f} MB)")
+    if shuffle and not knobs.shuffle_before_decode:
+        stages.append(shuffle)
+    if knobs.augment in ("python", "per_example"):
         stages.append(f"augment[{knobs.augment}]")
     stages.append(f"batch({batch_size})")
     if knobs.augment == "batched":
@@ -263,4 +430,6 @@ def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, batch_
     if knobs.data_service:
         stages.append(f"tf.data service ({knobs.data_service_mode})")
     stages.append(f"prefetch({knobs.prefetch})" if knobs.prefetch else "no prefetch")
+    if knobs.augment == "device":
+        stages.append("augment[device, in the model]")
     return " -> ".join(stages)

@@ -104,6 +104,7 @@ class Checkpointer(StepCallback):
         self.keep = keep
         self.history = {k: list(v) for k, v in (history or {}).items()}
         self.halted = False
+        self.saved_step: int | None = None  # the global step of the last checkpoint this run saved
         self._since_save = 0
 
     def step_end(self, steps, logs):
@@ -137,6 +138,7 @@ class Checkpointer(StepCallback):
             shutil.rmtree(final)
         os.replace(tmp, final)
         self._since_save = 0
+        self.saved_step = global_step
         for old in list_checkpoints(self.root.parent)[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final

@@ -33,7 +33,8 @@ class Devices:
         if self.gpus:
             names = sorted(set(self.gpus))
             return f"{len(self.gpus)}x GPU ({', '.join(names)})"
-        return f"CPU only ({self.cpu_cores} cores, {platform.processor() or platform.machine()})"
+        bf16 = ", AVX512_BF16" if self.cpu_bf16 else ", no bf16 units"
+        return f"CPU only ({self.cpu_cores} cores, {cpu_model()}{bf16})"
 
 
 def detect() -> Devices:
@@ -72,6 +73,18 @@ def split_cpu(replicas: int) -> None:
             "device(s) and cannot split the CPU any more. Set train.cpu_replicas in the run's own config "
             "(each run of `make compare` gets its own process), or mirror over GPUs."
         ) from None
+
+
+def cpu_model() -> str:
+    """The processor's name (Linux /proc/cpuinfo), else what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def cpu_flags() -> set[str]:
@@ -132,6 +145,12 @@ def resolve(train: TrainConfig, devices: Devices) -> Choices:
             if devices.gpus
             else "CPU: XLA measured 2-4x slower for a small CNN on these CPUs (make ladder)"
         )
+
+    if jit_compile and train.deterministic:
+        # Keras compiles without XLA under op determinism (not every XLA op is deterministic) and
+        # says nothing: the run records what really runs.
+        jit_compile = False
+        reasons["jit_compile"] = "off: train.deterministic (Keras does not compile with XLA under op determinism)"
 
     steps = train.steps_per_execution
     if steps == "auto":

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from train import files
 from train.config import Config
+from train.errors import Stopped
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.profiling import StepTraceProfiler
 from train.measure.throughput import StepTimer
@@ -45,7 +46,9 @@ class Callbacks:
 
     NaN guard before the checkpointer (the guard sets stop_training, the checkpointer then
     saves nothing more); profiler before the timer (starting and stopping the profiler stays
-    outside the timed steps); the stall watchdog last.
+    outside the timed steps); the signal stop after the checkpointer and TensorBoard (they have
+    counted the step and the epoch's metrics when it saves through the checkpointer and ends
+    the run); the stall watchdog last.
     """
 
     def __init__(self, setup: RunSetup, done_steps: int, history: dict, log):
@@ -87,19 +90,37 @@ class Callbacks:
                     else "The input pipeline stopped delivering batches."
                 ),
             )
-        board = keras.callbacks.TensorBoard(log_dir=str(setup.run_dir), write_graph=False, profile_batch=0)
-        ordered = [self.guard, self.profiler, self.timer, self.saver, self.monitor, board, self.watchdog]
+        self.board = keras.callbacks.TensorBoard(log_dir=str(setup.run_dir), write_graph=False, profile_batch=0)
+        self.stopper = guards.GracefulStop(self.saver, steps, epochs, start_step=done_steps)
+        ordered = [
+            self.guard,
+            self.profiler,
+            self.timer,
+            self.saver,
+            self.monitor,
+            self.board,
+            self.stopper,
+            self.watchdog,
+        ]
         self.all = [callback for callback in ordered if callback is not None]
 
     def start(self):
+        self.stopper.install()
         if self.sampler is not None:
             self.sampler.start()
 
     def stop(self):
+        self.stopper.uninstall()
         if self.sampler is not None:
             self.sampler.stop()
         if self.watchdog is not None:
             self.watchdog.stop()
+
+    def stopped(self):
+        """After a stop request ended `fit` early: close the profile window and flush the event files."""
+        for callback in (self.profiler, self.monitor, self.board):
+            if callback is not None:
+                callback.on_train_end()
 
 
 def train(setup: RunSetup, log=print) -> dict:
@@ -152,6 +173,9 @@ def train(setup: RunSetup, log=print) -> dict:
             done_steps += (epochs - initial_epoch) * segment_steps
             if callbacks.guard.tripped:
                 break
+    except Stopped:
+        callbacks.stopped()
+        raise
     except tf.errors.ResourceExhaustedError:
         raise guards.oom_error(cfg.pipeline.batch_size, setup.found.describe(), cfg.runs_dir) from None
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.UnknownError) as error:

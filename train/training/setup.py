@@ -36,7 +36,7 @@ from train import config as config_lib
 from train import files, models, sources
 from train.config import Config
 from train.errors import UserError
-from train.input import integrity, pipeline
+from train.input import augment, integrity, pipeline
 from train.training import checkpoint, devices
 
 RUN_OUTPUTS = (
@@ -121,11 +121,16 @@ class RunSetup:
         )
 
 
-def resolve(cfg: Config, found: devices.Devices) -> tuple[Config, devices.Choices]:
-    """`cfg` with every device-dependent `auto` replaced by the choice for `found`."""
+def resolve(cfg: Config, found: devices.Devices, spec: sources.DatasetSpec) -> tuple[Config, devices.Choices]:
+    """`cfg` with every device- and data-dependent `auto` replaced by the choice for `found` and
+    `spec` (precision, XLA, steps per execution, strategy; what to cache, where to shuffle and to
+    augment), each with its reason in `choices.reasons`."""
     choices = devices.resolve(cfg.train, found)
-    if cfg.train.deterministic and not cfg.pipeline.deterministic:
-        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, deterministic=True))
+    knobs, reasons = pipeline.resolve(cfg.pipeline, spec, spec.num_train, gpu=bool(found.gpus))
+    choices.reasons.update(reasons)
+    if cfg.train.deterministic and not knobs.deterministic:
+        knobs = dataclasses.replace(knobs, deterministic=True)
+    cfg = dataclasses.replace(cfg, pipeline=knobs)
     train = dataclasses.replace(
         cfg.train,
         precision=choices.precision,
@@ -191,13 +196,23 @@ def build_model(
 ) -> keras.Model:
     """The compiled model of `cfg` under its precision policy and distribution strategy."""
     keras.mixed_precision.set_global_policy(choices.precision)
+    shape = pipeline.image_shape(spec, cfg.pipeline)
+
+    def build():
+        model = models.build_model(cfg.model.name, shape, spec.num_classes, cfg.model.params)
+        if cfg.pipeline.augment != "device":
+            return model
+        images = keras.Input(shape=shape, dtype="uint8", name="image")
+        augmented = augment.device_augment_layer()(seed=cfg.train.seed, name="device_augment")(images)
+        return keras.Model(images, model(augmented), name=model.name)
+
     initial = None
     if strategy.num_replicas_in_sync > 1:
         # Initialized outside the strategy, so that the same seed gives the same starting
         # weights with or without distribution (strategies draw initial values differently).
-        initial = models.build_model(cfg.model.name, spec.image_shape, spec.num_classes, cfg.model.params)
+        initial = build()
     with strategy.scope():
-        model = models.build_model(cfg.model.name, spec.image_shape, spec.num_classes, cfg.model.params)
+        model = build()
         if initial is not None:
             model.set_weights(initial.get_weights())
         # Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer itself.
@@ -217,7 +232,7 @@ def prepare(
     """Everything before the first step: choices, strategy, data checks, run folder, seeds."""
     spec = sources.locate(cfg.data, build_hint)
     found = devices.detect()
-    cfg, choices = resolve(cfg, found)
+    cfg, choices = resolve(cfg, found, spec)
     task = current_task() if cfg.train.strategy == "multi_worker" else Task()
     strategy = make_strategy(cfg)
     replicas = strategy.num_replicas_in_sync
