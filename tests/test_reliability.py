@@ -168,6 +168,94 @@ def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(t
     assert spec.num_train == 4000
 
 
+def stop_after_first_epoch(command: list[str], run_dir: Path, signum: int = signal.SIGTERM) -> tuple[int, str, float]:
+    """Start training, send `signum` once the first checkpoint exists: (exit status, stderr, seconds to exit)."""
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None and not checkpoint.latest(run_dir):
+            time.sleep(0.02)
+        assert process.poll() is None, "training finished before it could be stopped"
+        sent = time.monotonic()
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=60)
+        return process.returncode, stderr, time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_saves_a_checkpoint_exits_143_and_the_rerun_resumes_to_the_same_weights(
+    tiny_data_dir, tmp_path
+):
+    """Preemption or `docker compose stop`: SIGTERM during training keeps the progress made since the last
+    checkpoint, and the same command resumes it."""
+    runs = tmp_path / "runs"
+    extra = ["train.epochs=30"]  # long enough that the signal lands mid-run
+    run_to_end(fit_command("straight", runs, tiny_data_dir, *extra))
+    command = fit_command("stopped", runs, tiny_data_dir, *extra)
+    status, stderr, seconds = stop_after_first_epoch(command, runs / "stopped")
+    assert status == 143 and seconds < 10, (status, seconds, stderr[-2000:])
+    assert "SIGTERM received: saving a checkpoint after the current step" in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("stopped by SIGTERM after step ") and "rerun the same command to resume" in last
+    folder, state = checkpoint.latest(runs / "stopped")
+    assert str(folder) in last and 0 < state["global_step"] < 30 * 8
+    assert not (runs / "stopped" / "summary.json").exists()
+
+    resumed = run_to_end(command)
+    assert f"resuming from {folder}" in resumed.stdout
+    summary = json.loads((runs / "stopped" / "summary.json").read_text())
+    straight = json.loads((runs / "straight" / "summary.json").read_text())
+    assert summary["resumed_from"] == str(folder) and len(summary["history"]["val_loss"]) == 30
+    assert summary["history"] == straight["history"]
+    assert summary["weights_sha256"] == straight["weights_sha256"]
+
+
+def test_a_step_that_never_ends_still_exits_after_the_grace_period():
+    """Where the main thread is stuck (here: blocked reading a pipe) no step ends to save at: the watcher
+    thread, woken through signal.set_wakeup_fd, exits with the signal's status after the grace period."""
+    script = (
+        "import os\n"
+        "from train.training.guards import GracefulStop\n"
+        "stop = GracefulStop(None, steps_per_epoch=8, epochs=2, grace_s=1.0)\n"
+        "stop.install()\n"
+        "read_fd, _ = os.pipe()\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    os.read(read_fd, 1)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 143 and time.monotonic() - sent < 10, stderr
+        assert "no training step ended within 1 s of SIGTERM" in stderr
+        assert "rerun the same command to resume" in stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
 # --- damaged data ---------------------------------------------------------------------------
 
 
