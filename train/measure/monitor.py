@@ -20,6 +20,8 @@ from pathlib import Path
 import keras
 import psutil
 
+from train import files
+
 GPM_METRICS = (  # (key in a sample, the metric's name in nvidia-ml-py)
     ("sm_activity_percent", "NVML_GPM_METRIC_SM_UTIL"),
     ("sm_occupancy_percent", "NVML_GPM_METRIC_SM_OCCUPANCY"),
@@ -264,10 +266,8 @@ class MonitorCallback(keras.callbacks.Callback):
         self._writer = None
 
     def on_train_begin(self, logs=None):
-        import tensorflow as tf
-
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(str(self.logdir), filename_suffix=".monitor")
+            self._writer = files.scalar_writer(self.logdir, ".monitor")
             if not self.sampler.gpu_available:
                 self.log(f"GPU utilization: unavailable ({self.sampler.gpu_unavailable_reason}); sampling CPU only.")
             elif self.sampler.gpm_unavailable_reason:
