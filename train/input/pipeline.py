@@ -119,12 +119,9 @@ def resolve(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, gpu: bo
             cache = "disk"
             why = f"decoded images ({decoded:.0f} MB) exceed cache_limit_mb ({limit}): snapshot in {knobs.cache_dir}"
         elif encoded <= limit:
-            cache, why = (
-                "encoded",
-                (
-                    f"decoded images ({decoded:.0f} MB) exceed cache_limit_mb ({limit}); the records "
-                    f"({encoded:.0f} MB) fit, decoded every epoch"
-                ),
+            cache = "encoded"
+            why = (
+                f"decoded images ({decoded:.0f} MB) exceed cache_limit_mb ({limit}); the records ({encoded:.0f} MB) fit"
             )
         else:
             cache, why = "none", f"neither decoded ({decoded:.0f} MB) nor encoded ({encoded:.0f} MB) fit in {limit} MB"
