@@ -3,6 +3,11 @@
 # tensorflow/tensorflow:2.21.0-gpu. The TensorFlow that the base image ships is kept as is.
 ARG BASE_IMAGE=nvcr.io/nvidia/tensorflow:25.02-tf2-py3
 FROM ${BASE_IMAGE}
+# What pip installs next to the base image's TensorFlow: constraints-container.txt is the set
+# resolved and tested (make test-container-stack, in CI) on the default base image's stack.
+# Another base needs its own, e.g. --build-arg CONSTRAINTS=constraints.txt for
+# tensorflow/tensorflow:2.21.0-gpu (the versions `make setup` tests with TensorFlow 2.21).
+ARG CONSTRAINTS=constraints-container.txt
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -17,13 +22,18 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /workspace/template
 
 # Dependencies first, from the same spec `make setup` uses (pyproject.toml), with the base
-# image's TensorFlow pinned so pip can neither replace nor upgrade it. Code changes below
+# image's TensorFlow pinned so pip can neither replace nor upgrade it, and everything else at
+# the versions of $CONSTRAINTS. Where both name a package the base image's version wins (awk
+# drops it from the constraints; with the default base they agree). Code changes below
 # this layer do not reinstall anything (the package's own __init__.py is all an editable
 # install needs; the rest of train/ arrives with the code below).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt constraints-container.txt ./
 COPY train/__init__.py train/
-RUN python -m pip freeze | grep -iE '^(tensorflow|tf-keras|tensorboard)[a-z_-]*==' > /tmp/keep-base.txt; \
-    python -m pip install -c /tmp/keep-base.txt -e . && \
+RUN python -m pip freeze | grep -iE '^(tensorflow|tf[-_]keras|tensorboard)[a-z_-]*==' > /tmp/keep-base.txt; \
+    awk -F'==' '{ name = tolower($1); gsub(/[-_.]+/, "-", name) } \
+        NR == FNR { keep[name]; next } /^[^#]/ && !(name in keep)' \
+        /tmp/keep-base.txt "${CONSTRAINTS}" > /tmp/constraints.txt && \
+    python -m pip install -c /tmp/keep-base.txt -c /tmp/constraints.txt -e . && \
     python -c "import tensorflow as tf, keras, tensorflow_datasets, pynvml; print('TensorFlow', tf.__version__, 'Keras', keras.__version__)"
 
 COPY . .

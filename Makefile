@@ -106,7 +106,7 @@ $(CONTAINER_VENV)/.installed: pyproject.toml constraints-container.txt
 	$(CONTAINER_PYTHON) -m venv $(CONTAINER_VENV)
 	$(CONTAINER_VENV)/bin/python -m pip install --upgrade pip
 	$(CONTAINER_VENV)/bin/python -m pip install -c constraints-container.txt tensorflow-cpu tensorboard
-	$(CONTAINER_VENV)/bin/python -m pip freeze | grep -iE '^(tensorflow|tf-keras|tensorboard)[a-z_-]*==' > $(CONTAINER_VENV)/keep-base.txt
+	$(CONTAINER_VENV)/bin/python -m pip freeze | grep -iE '^(tensorflow|tf[-_]keras|tensorboard)[a-z_-]*==' > $(CONTAINER_VENV)/keep-base.txt
 	$(CONTAINER_VENV)/bin/python -m pip install -c $(CONTAINER_VENV)/keep-base.txt -c constraints-container.txt -e ".[dev]"
 	@touch $@
 

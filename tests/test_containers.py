@@ -122,8 +122,49 @@ def test_dockerfile_installs_the_same_spec_as_make_setup_and_keeps_the_base_tens
     assert re.search(r"^ARG BASE_IMAGE=nvcr\.io/nvidia/tensorflow:[\w.-]+-tf2-py3$", dockerfile, re.M)
     assert "COPY pyproject.toml" in dockerfile
     installs = re.findall(r"pip install ([^&\n]+)", dockerfile)
-    assert installs == ["-c /tmp/keep-base.txt -e . "], installs  # the project's own spec, TF pinned
+    # the project's own spec, TF pinned, the rest at the tested versions
+    assert installs == ["-c /tmp/keep-base.txt -c /tmp/constraints.txt -e . "], installs
     assert "freeze" in dockerfile and "tensorflow" in dockerfile.split("keep-base.txt")[0]
-    assert 'pip install -c constraints.txt -e ".[$(TF_EXTRA),dev]"' in makefile
+    assert "ARG CONSTRAINTS=constraints-container.txt" in dockerfile
+    assert 'pip install -c $(SETUP_CONSTRAINTS) -e ".[$(TF_EXTRA),dev]"' in makefile
+    assert "$(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)" in makefile
     assert re.search(r"^USER \d+", dockerfile, re.M), "the image runs as a non-root user"
-    assert (ROOT / ".dockerignore").read_text().count(".venv") == 1
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".venv-container"} <= set(ignored)
+
+
+def keep_base_rule(text: str) -> str:
+    return re.search(r"pip freeze \| (grep -iE '[^']+')", text).group(1)
+
+
+def test_the_container_stack_check_installs_as_the_dockerfile_does():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert keep_base_rule(makefile) == keep_base_rule(dockerfile)
+    assert "-c constraints-container.txt" in makefile.split("test-container-stack:")[1]
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "constraints-container.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    # the versions the default base image ships (see the file's header)
+    assert pins["tensorflow-cpu"] == "2.17.0" and pins["tensorboard"] == "2.17.1"
+    assert int(pins["tensorflow-metadata"].split(".")[1]) < 18 and int(pins["setuptools"].split(".")[0]) < 82
+
+
+def test_the_base_images_own_packages_win_over_the_constraints(tmp_path):
+    """The Dockerfile's awk drops a constraint on any package the base image keeps (names
+    compared as pip does: case, `-`, `_` and `.` alike), so the two can never conflict. Docker
+    joins the continued lines before the shell runs them, as done here."""
+    program = re.search(r"awk -F'==' '(.*?)' \\\n\s+/tmp/keep-base.txt", (ROOT / "Dockerfile").read_text(), re.S)
+    keep = tmp_path / "keep-base.txt"
+    keep.write_text("tensorflow==2.17.0+nv25.2\nTensorflow_Metadata==1.16.0\ntf_keras==2.17.0\n")
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("# a comment\nkeras==3.15.1\ntensorflow-metadata==1.17.1\ntensorflow-cpu==2.17.0\n")
+    result = subprocess.run(
+        ["awk", "-F==", program.group(1).replace("\\\n", ""), str(keep), str(constraints)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.split() == ["keras==3.15.1", "tensorflow-cpu==2.17.0"]
