@@ -31,7 +31,7 @@ STAMP := $(VENV)/.installed-$(TF_EXTRA)
 SETUP_CONSTRAINTS := $(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)
 endif
 
-.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch diagnose tensorboard test test-fast test-container-stack lint clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch tune diagnose tensorboard test test-fast test-container-stack lint clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -77,6 +77,9 @@ ladder: data ## One optimization at a time from naive, each measured -> runs/lad
 
 sweep-batch: data ## Throughput and utilization against batch size -> runs/sweep-batch/sweep.{json,png}
 	$(PY) -m train sweep-batch --scenario $(SCENARIO) $(ARGS)
+
+tune: data ## Search the speed knobs for your data and machine (ARGS="--minutes 10") -> configs/tuned.yaml, runs/tune/
+	$(PY) -m train tune --scenario $(SCENARIO) $(ARGS)
 
 diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (LOGDIR=runs/compare)
 	$(PY) -m train diagnose $(LOGDIR) $(ARGS)

@@ -119,6 +119,13 @@ def cmd_ladder(args) -> int:
     return ladder.main(args)
 
 
+def cmd_tune(args) -> int:
+    import_tensorflow()
+    from train.benchmarks import tune
+
+    return tune.main(args)
+
+
 def cmd_sweep(args) -> int:
     import_tensorflow()
     from train.benchmarks import sweep
@@ -219,6 +226,42 @@ def build_parser() -> argparse.ArgumentParser:
     ladder.add_argument("--trials", type=int, default=5, help="paired trials per rung (default: %(default)s)")
     ladder.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per trial (default: %(default)s)")
     ladder.set_defaults(func=cmd_ladder)
+
+    tune = commands.add_parser(
+        "tune", help="search the speed knobs (not what is learned) for this data and machine -> configs/tuned.yaml"
+    )
+    _config_args(tune)
+    tune.add_argument(
+        "--scenario",
+        default="auto",
+        help="overlay applied under --overlay: auto (the CPU scenario when no GPU is found), none, a name in "
+        "configs/scenarios/ or a YAML",
+    )
+    tune.add_argument(
+        "--minutes", type=float, default=10.0, help="budget for search and final check (default: %(default)s)"
+    )
+    tune.add_argument(
+        "--batch",
+        action="store_true",
+        help="also search pipeline.batch_size, scaling train.learning_rate linearly (changes what is learned)",
+    )
+    tune.add_argument("--trials", type=int, default=5, help="interleaved rounds per candidate (default: %(default)s)")
+    tune.add_argument("--final-trials", type=int, default=9, help="rounds of the final check (default: %(default)s)")
+    tune.add_argument("--seconds", type=float, default=1.0, help="minimum seconds per trial (default: %(default)s)")
+    tune.add_argument("--only", action="append", default=[], metavar="KEY", help="search only this knob (repeatable)")
+    tune.add_argument(
+        "--tuned",
+        default="configs/tuned.yaml",
+        help="the overlay to start from when it exists and to write (default: %(default)s)",
+    )
+    tune.add_argument("--fresh", action="store_true", help="ignore an existing --tuned overlay at the start")
+    tune.add_argument(
+        "--reference",
+        metavar="YAML",
+        help="also measure this preset (with the scenario) in the final check's rounds, e.g. configs/optimized.yaml",
+    )
+    tune.add_argument("--out", default="runs/tune", help="output folder (default: %(default)s)")
+    tune.set_defaults(func=cmd_tune)
 
     sweep = commands.add_parser("sweep-batch", help="throughput and utilization against batch size")
     _scenario_args(sweep, out="runs/sweep-batch")

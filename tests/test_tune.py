@@ -1,0 +1,331 @@
+"""make tune: the noise rule, the greedy search, Ctrl-C, the overlay it writes, and one real search.
+
+The search logic runs against scripted and fake measurements (no TensorFlow, deterministic),
+so the keep/reject rule is tested exactly; one slow test runs the real command on tiny data.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, data_sets, run_cli
+from train import config
+from train.benchmarks import tune
+
+SPREAD = (-1.0, -0.5, 0.0, 0.5, 1.0)  # inclusive quartiles at -0.5 and 0.5: IQR = 1 x the scale
+
+
+def comparison(gain: float, noise: float, reference_rate: float = 1000.0) -> tune.Comparison:
+    """Five rounds: A/A ratios with an IQR of `noise`; the candidate `gain` times the same pattern."""
+    aa = [1 + noise * d for d in SPREAD]
+    return tune.Comparison(
+        ratios=[gain * r for r in aa],
+        aa_ratios=aa,
+        reference_rate=reference_rate,
+        candidate_rate=reference_rate * gain,
+    )
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeMeasure:
+    """Speed is a product of factors per knob value; every comparison takes `cost` fake seconds.
+
+    `script` (optional) replaces the model with fixed comparisons, in order; `interrupt_after`
+    raises KeyboardInterrupt on that comparison (once), as Ctrl-C would.
+    """
+
+    def __init__(self, factors=None, base=None, noise=0.05, cost=20.0, clock=None, script=None, interrupt_after=None):
+        self.factors, self.base, self.noise, self.cost = factors or {}, base or {}, noise, cost
+        self.clock = clock or FakeClock()
+        self.script = list(script or [])
+        self.interrupt_after = interrupt_after
+        self.calls, self.kept = [], []
+
+    def speed(self, state: dict) -> float:
+        rate = 1000.0
+        for key, table in self.factors.items():
+            rate *= table.get(json.dumps(state.get(key, self.base.get(key))), 1.0)
+        return rate
+
+    def compare(self, reference, candidate, rounds, extra=None):
+        self.calls.append((dict(reference), dict(candidate)))
+        if self.interrupt_after is not None and len(self.calls) == self.interrupt_after:
+            self.interrupt_after = None
+            raise KeyboardInterrupt
+        self.clock.now += self.cost
+        if self.script:
+            return self.script.pop(0)
+        return comparison(self.speed(candidate) / self.speed(reference), self.noise, self.speed(reference))
+
+    def keep_only(self, state):
+        self.kept.append(state)
+
+
+# -- the rule --------------------------------------------------------------------------------------
+
+
+def test_two_percent_faster_within_five_percent_noise_is_rejected():
+    result = comparison(1.02, 0.05)
+    verdict = tune.judge(result.ratios, result.aa_ratios)
+    assert verdict.noise == pytest.approx(0.05)
+    assert verdict.threshold == pytest.approx(1.05)
+    assert not verdict.keep
+
+
+def test_thirty_percent_faster_within_five_percent_noise_is_kept():
+    result = comparison(1.30, 0.05)
+    verdict = tune.judge(result.ratios, result.aa_ratios)
+    assert verdict.keep and verdict.gain == pytest.approx(1.30)
+
+
+def test_a_quiet_machine_still_needs_the_minimum_gain():
+    assert not tune.judge(comparison(1.02, 0.0).ratios, [1.0] * 5).keep  # 1 + max(0.03, 0)
+    assert tune.judge(comparison(1.05, 0.0).ratios, [1.0] * 5).keep
+
+
+def test_a_good_median_with_a_lower_quartile_below_one_is_rejected():
+    verdict = tune.judge([0.80, 0.95, 1.10, 1.12, 1.15], [1.0, 1.0, 1.0, 1.0, 1.0])
+    assert verdict.gain > verdict.threshold and verdict.q1 < 1 and not verdict.keep
+
+
+def test_the_shuffle_floor_is_ten_batches_and_at_least_a_thousand():
+    assert tune.shuffle_floor(256, 10_000) == 2560
+    assert tune.shuffle_floor(32, 10_000) == 1000
+    assert tune.shuffle_floor(256, 600) == 600  # never more than the training split
+
+
+# -- the search ------------------------------------------------------------------------------------
+
+BASE = {"pipeline.parallel_calls": 1, "pipeline.prefetch": 0, "pipeline.private_threadpool_size": 0}
+KNOBS = [
+    tune.Knob("pipeline.parallel_calls", ["auto", 4]),
+    tune.Knob("pipeline.prefetch", ["auto"]),
+    tune.Knob("pipeline.private_threadpool_size", [2]),
+]
+FACTORS = {
+    "pipeline.parallel_calls": {'"auto"': 1.5, "4": 1.48},  # 4 is no better than auto
+    "pipeline.prefetch": {'"auto"': 1.3},
+    "pipeline.private_threadpool_size": {"2": 1.02},  # within the noise
+}
+
+
+def search(measure, budget_s=1000.0, **kwargs):
+    return tune.search(
+        {},
+        KNOBS,
+        measure,
+        rounds=5,
+        deadline=measure.clock.now + budget_s,
+        first_guess_s=20.0,
+        base=BASE,
+        clock=measure.clock,
+        say=lambda line: None,
+        progress=False,
+        **kwargs,
+    )
+
+
+def test_search_recovers_from_a_mis_set_start_and_rejects_noise():
+    measure = FakeMeasure(FACTORS, BASE)
+    found = search(measure)
+    assert found.best == {"pipeline.parallel_calls": "auto", "pipeline.prefetch": "auto"}
+    assert found.stopped == "done"
+    kept = [(row["knob"], row["value"]) for row in found.trials if row.get("kept")]
+    assert kept == [("pipeline.parallel_calls", "auto"), ("pipeline.prefetch", "auto")]
+    rejected = {row["value"]: row for row in found.trials if row.get("kept") is False}
+    assert set(rejected) == {4, 2}
+    # every candidate was measured against the best of its time
+    assert measure.calls[1] == ({"pipeline.parallel_calls": "auto"}, {"pipeline.parallel_calls": 4})
+    assert measure.kept[-1] == found.best  # losers released, the best kept
+
+
+def test_search_stops_when_the_next_candidate_would_overrun_the_budget():
+    measure = FakeMeasure(FACTORS, BASE, cost=20.0)
+    found = search(measure, budget_s=50.0)
+    assert found.stopped == "budget" and len(measure.calls) == 2 and measure.clock.now <= 50.0
+
+
+def test_a_candidate_that_fails_is_not_kept_and_the_search_goes_on():
+    class Failing(FakeMeasure):
+        def compare(self, reference, candidate, rounds, extra=None):
+            if candidate.get("pipeline.parallel_calls") == "auto":
+                raise RuntimeError("cannot run here")
+            return super().compare(reference, candidate, rounds, extra)
+
+    found = search(Failing(FACTORS, BASE))
+    assert found.trials[0]["skipped"].startswith("failed: RuntimeError")
+    assert found.best == {"pipeline.parallel_calls": 4, "pipeline.prefetch": "auto"}
+
+
+def test_candidates_the_vet_refuses_are_skipped_unmeasured():
+    measure = FakeMeasure(FACTORS, BASE)
+    found = search(measure, vet=lambda best, cand: "too big" if "pipeline.prefetch" in cand else None)
+    assert [row["skipped"] for row in found.trials if "skipped" in row] == ["too big"]
+    assert all("pipeline.prefetch" not in cand for _, cand in measure.calls)
+
+
+# -- run: final check and outputs ------------------------------------------------------------------
+
+
+def run(measure, tmp_path, base=BASE, knobs=KNOBS, start=None, **kwargs):
+    return tune.run(
+        start or {},
+        base,
+        knobs,
+        measure,
+        out=tmp_path / "runs" / "tune",
+        tuned_path=tmp_path / "tuned.yaml",
+        budget_s=kwargs.pop("budget_s", 1000.0),
+        rounds=5,
+        final_rounds=9,
+        first_guess_s=20.0,
+        final_guess_s=30.0,
+        facts={"machine": "test machine", "dataset": "tiny", "scenario": "cpu", "config": "optimized"},
+        clock=measure.clock,
+        say=lambda line: None,
+        progress=False,
+        **kwargs,
+    )
+
+
+def test_ctrl_c_keeps_the_best_found_so_far_and_still_checks_it(tmp_path):
+    measure = FakeMeasure(FACTORS, BASE, interrupt_after=2)  # Ctrl-C during the second comparison
+    result = run(measure, tmp_path)
+    assert result["stopped"] == "interrupted"
+    assert result["best"] == {"pipeline.parallel_calls": "auto"}
+    assert measure.calls[-1] == ({}, {"pipeline.parallel_calls": "auto"})  # the final check: tuned vs start
+    assert result["final"]["faster"]
+    assert yaml.safe_load((tmp_path / "tuned.yaml").read_text()) == {"pipeline": {"parallel_calls": "auto"}}
+
+
+def test_ctrl_c_during_the_final_check_writes_with_a_note(tmp_path):
+    measure = FakeMeasure(FACTORS, BASE, interrupt_after=5)  # four candidates, then the final check
+    result = run(measure, tmp_path)
+    assert result["final"] is None and result["note"].startswith("final check interrupted")
+    text = (tmp_path / "tuned.yaml").read_text()
+    assert "final check interrupted" in text
+    assert yaml.safe_load(text) == {"pipeline": {"parallel_calls": "auto", "prefetch": "auto"}}
+
+
+def test_nothing_is_written_when_tuned_is_not_faster_in_the_final_check(tmp_path):
+    earlier = "# an earlier tune\npipeline:\n  prefetch: 2\n"
+    (tmp_path / "tuned.yaml").write_text(earlier)
+    knobs = [tune.Knob("pipeline.parallel_calls", ["auto"])]
+    measure = FakeMeasure(script=[comparison(1.3, 0.01), comparison(1.01, 0.04)])
+    result = run(measure, tmp_path, knobs=knobs)
+    assert result["trials"][0]["kept"] and result["final"] and not result["final"]["faster"]
+    assert result["tuned_path"] is None and "not faster" in result["note"]
+    assert (tmp_path / "tuned.yaml").read_text() == earlier  # left as it was
+    report = json.loads((tmp_path / "runs/tune/tune.json").read_text())
+    assert report["overlay"] is None and "not faster" in (tmp_path / "runs/tune/tune.md").read_text()
+    assert (tmp_path / "runs/tune/tune.png").stat().st_size > 0
+
+
+def test_nothing_is_written_when_no_candidate_beats_the_start(tmp_path):
+    measure = FakeMeasure(script=[comparison(1.01, 0.02)] * 4)
+    result = run(measure, tmp_path)
+    assert result["final"] is None and result["tuned_path"] is None
+    assert len(measure.calls) == 4  # no final check: there is nothing to check
+    assert not (tmp_path / "tuned.yaml").exists()
+
+
+def test_the_overlay_holds_only_changed_knobs_and_loads_through_config_validation(tmp_path):
+    preset = ROOT / "configs/optimized.yaml"
+    cfg = config.load(preset)
+    knobs = [
+        tune.Knob("pipeline.parallel_calls", [4]),
+        tune.Knob("pipeline.prefetch", ["auto"]),  # the preset's own value: never a change
+        tune.Knob("train.steps_per_execution", [16]),
+        tune.Knob("pipeline.max_intra_op_parallelism", [0]),
+    ]
+    base = {k.key: tune._get(cfg, k.key) for k in knobs}
+    measure = FakeMeasure(
+        script=[comparison(1.2, 0.01), comparison(1.1, 0.01), comparison(1.0, 0.01)] + [comparison(1.3, 0.01)]
+    )
+    result = run(measure, tmp_path, base=base, knobs=knobs, start={"pipeline.prefetch": "auto"})
+    path = tmp_path / "tuned.yaml"
+    assert result["tuned_path"] == str(path)
+    assert yaml.safe_load(path.read_text()) == {
+        "pipeline": {"parallel_calls": 4},
+        "train": {"steps_per_execution": 16},
+    }
+    header = path.read_text().split("pipeline:")[0]
+    for fact in ("test machine", "dataset: tiny", "scenario: cpu", "ex/s", "gain x1.3", "--overlay"):
+        assert fact in header
+    tuned = config.load(preset, layers=[path])
+    assert tuned.pipeline.parallel_calls == 4 and tuned.train.steps_per_execution == 16
+    assert tuned.model == cfg.model and tuned.train.epochs == cfg.train.epochs  # what is learned stays
+
+
+def test_read_tuned_flattens_an_overlay(tmp_path):
+    path = tmp_path / "tuned.yaml"
+    path.write_text("# Written by make tune\n# machine: x\npipeline:\n  cache: memory\ntrain:\n  jit_compile: true\n")
+    state, header = tune.read_tuned(path)
+    assert state == {"pipeline.cache": "memory", "train.jit_compile": True}
+    assert "machine: x" in header
+    assert tune.nest(state) == {"pipeline": {"cache": "memory"}, "train": {"jit_compile": True}}
+
+
+# -- the real command ------------------------------------------------------------------------------
+
+
+def sets(tiny_data_dir, *extra):
+    return [arg for item in data_sets(tiny_data_dir) + list(extra) for arg in ("--set", item)]
+
+
+@pytest.mark.slow
+def test_tune_finds_a_real_improvement_from_a_mis_set_start_and_a_second_run_starts_from_it(tiny_data_dir, tmp_path):
+    out, tuned = tmp_path / "tune", tmp_path / "tuned.yaml"
+    mis_set = [
+        "pipeline.batch_size=16",
+        "pipeline.shuffle_buffer=16",
+        "pipeline.parallel_calls=1",
+        "pipeline.parallel_reads=1",
+        "pipeline.prefetch=0",
+        "pipeline.cache=none",
+    ]
+    common = ["--tuned", str(tuned), "--out", str(out), "--seconds", "0.4", "--trials", "4", "--final-trials", "5"]
+    result = run_cli(
+        "tune",
+        *common,
+        "--minutes",
+        "1.5",
+        "--only",
+        "pipeline.cache",
+        "--only",
+        "train.steps_per_execution",
+        *sets(tiny_data_dir, *mis_set),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "tune.json").read_text())
+    kept = [row for row in report["trials"] if row.get("kept")]
+    assert kept, json.dumps(report["trials"], indent=1)[-3000:]
+    assert report["final"]["faster"] and report["final"]["gain"] > 1.03
+    assert {row["knob"] for row in report["trials"]} <= {"pipeline.cache", "train.steps_per_execution"}
+    overlay = yaml.safe_load(tuned.read_text())
+    assert tune.flatten(overlay) == {row["knob"]: row["value"] for row in kept}
+    loaded = config.load(ROOT / "configs/optimized.yaml", [s for s in data_sets(tiny_data_dir)], layers=[tuned])
+    assert loaded.model.name == "resnet" and loaded.pipeline.random_crop is False
+    for name in ("tune.md", "tune.png"):
+        assert (out / name).stat().st_size > 0
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+
+    # A second tune starts from the overlay; a budget too small for any candidate writes nothing.
+    before = tuned.read_text()
+    again = run_cli("tune", *common, "--minutes", "0.05", *sets(tiny_data_dir, *mis_set), timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"Starting from {tuned}" in again.stdout
+    second = json.loads((out / "tune.json").read_text())
+    assert second["start"] == tune.flatten(overlay) and second["stopped"] == "budget"
+    assert tuned.read_text() == before
