@@ -329,3 +329,14 @@ def test_tune_finds_a_real_improvement_from_a_mis_set_start_and_a_second_run_sta
     second = json.loads((out / "tune.json").read_text())
     assert second["start"] == tune.flatten(overlay) and second["stopped"] == "budget"
     assert tuned.read_text() == before
+
+
+def test_an_earlier_best_is_not_measured_again():
+    knobs = [tune.Knob("pipeline.cache", ["memory", "none"])]
+    base = {"pipeline.cache": "none"}
+    measure = FakeMeasure({"pipeline.cache": {'"memory"': 1.5}}, base)
+    found = tune.search(
+        {}, knobs, measure, rounds=5, deadline=1e9, first_guess_s=1.0, base=base, say=lambda line: None, progress=False
+    )
+    assert found.best == {"pipeline.cache": "memory"}
+    assert len(measure.calls) == 1 and found.trials[1]["skipped"] == "an earlier best, already beaten"

@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--reference",
         metavar="YAML",
-        help="also measure this preset (with the scenario) in the final check's rounds, e.g. configs/optimized.yaml",
+        help="also measure this preset in the final check's rounds, with the scenario but without --overlay/--set, "
+        "e.g. configs/optimized.yaml",
     )
     tune.add_argument("--out", default="runs/tune", help="output folder (default: %(default)s)")
     tune.set_defaults(func=cmd_tune)

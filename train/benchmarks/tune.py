@@ -285,7 +285,7 @@ def search(
     from tqdm import tqdm
 
     began = clock()
-    best, aa_pool, rows, durations = dict(start), [], [], []
+    best, aa_pool, rows, durations, beaten = dict(start), [], [], [], []
     best_rate, stopped = None, "done"
     total = sum(len(k.values) for k in knobs)
     bar = tqdm(
@@ -302,6 +302,9 @@ def search(
         rate = f"best {best_rate:,.0f} ex/s, " if best_rate else ""
         return f"{rate}about {left / 60:.1f} min of search left"
 
+    def same(a: dict, b: dict) -> bool:  # a key set to the config's own value is the same as no key
+        return changes(a, base or {}) == changes(b, base or {})
+
     bar.set_postfix_str(estimate(0))
     done = 0
     try:
@@ -315,7 +318,12 @@ def search(
                 "candidate": changes(candidate, start),
                 "why": knob.why,
             }
-            reason = "the current value" if candidate == best else (vet(best, candidate) if vet else None)
+            if same(candidate, best):
+                reason = "the current value"
+            elif any(same(candidate, earlier) for earlier in beaten):
+                reason = "an earlier best, already beaten"
+            else:
+                reason = vet(best, candidate) if vet else None
             if reason is None:
                 expected = statistics.mean(durations) if durations else first_guess_s
                 if clock() + expected > deadline:
@@ -345,6 +353,7 @@ def search(
                         samples=result.samples,
                     )
                     if verdict.keep:
+                        beaten.append(best)
                         best, aa_pool, best_rate = candidate, [], result.candidate_rate
                     else:
                         aa_pool += result.aa_ratios
