@@ -105,7 +105,8 @@ def test_cache_auto_prefers_decoded_then_disk_then_encoded_then_none(tiny_spec, 
     assert cache_choice(tiny_spec, cache_limit_mb=between) == "encoded"
     assert cache_choice(tiny_spec, cache_limit_mb=between, cache_dir=str(tmp_path)) == "disk"
     assert cache_choice(tiny_spec, cache_limit_mb=0) == "none"
-    assert cache_choice(tiny_spec, random_crop=True, cache_limit_mb=between) == "encoded"  # a decoded cache would freeze the crops
+    # A decoded cache would freeze the random crops.
+    assert cache_choice(tiny_spec, random_crop=True, cache_limit_mb=between) == "encoded"
     assert cache_choice(tiny_spec, "naive") == "none"
 
 
