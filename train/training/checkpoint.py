@@ -9,7 +9,9 @@ only a `.tmp` folder, which the next run deletes. The newest `keep` checkpoints 
 
 Resuming rebuilds the same pipeline and skips the batches already trained on; with
 `train.deterministic: true` (op determinism, seeded pipelines, stateless augmentation)
-the resumed run ends with exactly the weights of an uninterrupted one.
+the resumed run ends with exactly the weights of an uninterrupted one on one device. Under
+MirroredStrategy it continues from the saved step but not bit for bit: Keras's `fit` opens a
+throwaway iterator first, and each new iterator draws the next reshuffled order.
 """
 
 from __future__ import annotations

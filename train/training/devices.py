@@ -172,4 +172,12 @@ def resolve(train: TrainConfig, devices: Devices) -> Choices:
         else:
             strategy = "default"
             reasons["strategy"] = "one device"
+
+    if jit_compile and strategy == "mirrored" and not devices.gpus and train.cpu_replicas > 1:
+        # XLA compiles each replica's step for one CPU device and fails on the variables of the
+        # others ("Trying to access resource ... located in device CPU:1 from device CPU:0").
+        jit_compile = False
+        reasons["jit_compile"] = (
+            "off: XLA cannot compile a step mirrored over logical CPUs (variables on other devices)"
+        )
     return Choices(precision, bool(jit_compile), int(steps), strategy, reasons)
