@@ -24,7 +24,10 @@ WORKDIR /workspace/template
 # Dependencies first, from the same spec `make setup` uses (pyproject.toml), with the base
 # image's TensorFlow pinned so pip can neither replace nor upgrade it, and everything else at
 # the versions of $CONSTRAINTS. Where both name a package the base image's version wins (awk
-# drops it from the constraints; with the default base they agree). Code changes below
+# drops it from the constraints; with the default base they agree). NVIDIA's image ships the
+# old `pynvml` package (11.4), whose pynvml.py has no GPM functions and shadows nvidia-ml-py's
+# module of the same name: nvidia-ml-py is reinstalled on top so SM activity can be read (the
+# newer binding keeps the old API that the image's own tools use). Code changes below
 # this layer do not reinstall anything (the package's own __init__.py is all an editable
 # install needs; the rest of train/ arrives with the code below).
 COPY pyproject.toml README.md constraints.txt constraints-container.txt ./
@@ -34,7 +37,8 @@ RUN python -m pip freeze | grep -iE '^(tensorflow|tf[-_]keras|tensorboard)[a-z_-
         NR == FNR { keep[name]; next } /^[^#]/ && !(name in keep)' \
         /tmp/keep-base.txt "${CONSTRAINTS}" > /tmp/constraints.txt && \
     python -m pip install -c /tmp/keep-base.txt -c /tmp/constraints.txt -e . && \
-    python -c "import tensorflow as tf, keras, tensorflow_datasets, pynvml; print('TensorFlow', tf.__version__, 'Keras', keras.__version__)"
+    python -m pip install --no-deps --force-reinstall -c /tmp/constraints.txt nvidia-ml-py && \
+    python -c "import tensorflow as tf, keras, tensorflow_datasets, pynvml; print('TensorFlow', tf.__version__, 'Keras', keras.__version__, 'GPM', hasattr(pynvml, 'nvmlGpmSampleGet'))"
 
 COPY . .
 RUN useradd --create-home --uid 1000 trainer && \

@@ -238,7 +238,7 @@ def test_a_binding_without_gpm_functions_says_so():
     sampler = monitor.Sampler(nvml=nvml)
     sampler.samples = [sampler.sample() for _ in range(2)]
     assert sampler.summary()["sm_activity_percent"] is None
-    assert "no GPM bindings" in sampler.gpm_unavailable_reason
+    assert "no GPM functions" in sampler.gpm_unavailable_reason
 
 
 @pytest.mark.parametrize("kind", ["no-driver", "no-gpu"])

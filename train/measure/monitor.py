@@ -69,7 +69,10 @@ class GpmReader:
         self._samples: list = []  # [previous, current]
         self._have_previous = False
         if not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
-            self.reason = "this nvidia-ml-py has no GPM bindings"
+            self.reason = (
+                "this pynvml has no GPM functions (an old `pynvml` package shadows nvidia-ml-py's module; "
+                "pip install --force-reinstall nvidia-ml-py)"
+            )
             return
         try:
             if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
