@@ -123,7 +123,11 @@ def test_dockerfile_installs_the_same_spec_as_make_setup_and_keeps_the_base_tens
     assert "COPY pyproject.toml" in dockerfile
     installs = re.findall(r"pip install ([^&\n]+)", dockerfile)
     # the project's own spec, TF pinned, the rest at the tested versions
-    assert installs == ["-c /tmp/keep-base.txt -c /tmp/constraints.txt -e . "], installs
+    assert installs == [
+        "-c /tmp/keep-base.txt -c /tmp/constraints.txt -e . ",
+        # the binding with GPM over the image's old pynvml package, at the tested version, nothing else
+        "--no-deps --force-reinstall -c /tmp/constraints.txt nvidia-ml-py ",
+    ], installs
     assert "freeze" in dockerfile and "tensorflow" in dockerfile.split("keep-base.txt")[0]
     assert "ARG CONSTRAINTS=constraints-container.txt" in dockerfile
     assert 'pip install -c $(SETUP_CONSTRAINTS) -e ".[$(TF_EXTRA),dev]"' in makefile
