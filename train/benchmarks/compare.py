@@ -9,13 +9,14 @@ tiny model, so the input pipeline is the bottleneck as on an accelerator) is app
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from train.benchmarks import report
 from train.benchmarks import scenario as scenario_lib
-from train.errors import UserError
+from train.errors import Stopped, UserError
 
 
 def fit_in_subprocess(config_path: str, overlays: list[str], overrides: list[str]) -> None:
@@ -23,10 +24,25 @@ def fit_in_subprocess(config_path: str, overlays: list[str], overrides: list[str
     command += [arg for path in overlays for arg in ("--overlay", path)]
     command += [arg for item in overrides for arg in ("--set", item)]
     print("$ " + " ".join(command[1:]), flush=True)
-    result = subprocess.run(command)
-    if result.returncode != 0:
+    process = subprocess.Popen(command)
+    # A SIGTERM for compare (docker compose stop, preemption) goes to the run in progress, which
+    # saves a checkpoint and stops; Ctrl-C reaches it anyway (same process group).
+    previous = signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))
+    try:
+        code = process.wait()
+    except KeyboardInterrupt:
+        code = process.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code in (128 + signal.SIGTERM, 128 + signal.SIGINT):
+        raise Stopped(
+            f"compare stopped during {config_path}; its checkpoint is kept: rerun the same command to "
+            "resume it (finished runs are trained again).",
+            code,
+        )
+    if code != 0:
         raise UserError(
-            f"Training {config_path} failed (exit {result.returncode}); its output is above. "
+            f"Training {config_path} failed (exit {code}); its output is above. "
             f"Rerun it alone with: python {' '.join(command[1:])}"
         )
 
