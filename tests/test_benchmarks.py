@@ -85,8 +85,9 @@ def test_ladder_turns_on_one_technique_per_rung(tiny_data_dir, tmp_path):
             continue
         assert row["gain"] > 0 and row["gain_range"][0] <= row["gain"] <= row["gain_range"][1]
         assert row["kept"] == (rung.get("keep", "always") == "always" or row["gain"] > 1.0)
-        # xprof finds no step markers inside a multi-step execution: n/a there, measured everywhere else
-        assert (row["input_bound_percent"] is None) == (row["steps_per_execution"] > 1)
+        # xprof finds no step markers inside a multi-step execution; the analysis then infers the steps
+        # (train/measure/step_windows.py), so every rung has an input share
+        assert row["input_bound_percent"] is not None
     by_name = {row["name"]: row for row in report["rungs"]}
     assert by_name["larger batch"]["batch_size"] == 256
     assert by_name["mixed precision"]["precision"] in ("mixed_bfloat16", "mixed_float16")

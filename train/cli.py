@@ -136,7 +136,12 @@ def cmd_sweep(args) -> int:
 def cmd_diagnose(args) -> int:
     from train.measure import diagnose
 
-    return diagnose.main(args.logdir, as_json=args.json, fail_if_input_bound=args.fail_if_input_bound)
+    return diagnose.main(
+        args.logdir,
+        as_json=args.json,
+        fail_if_input_bound=args.fail_if_input_bound,
+        allow_unmeasured=args.allow_unmeasured,
+    )
 
 
 def cmd_tensorboard(args) -> int:
@@ -279,7 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-if-input-bound",
         type=float,
         metavar="PCT",
-        help="exit with status 3 when a run waits for input more than PCT%% of step time",
+        help="exit with status 3 when a run waits for input more than PCT%% of step time, and with status 4 when "
+        "a run's input share could not be measured (unreadable profile, no steps, no tf.data input)",
+    )
+    diagnose.add_argument(
+        "--allow-unmeasured",
+        action="store_true",
+        help="let runs whose input share could not be measured pass instead of exiting with status 4",
     )
     diagnose.set_defaults(func=cmd_diagnose)
 

@@ -210,8 +210,9 @@ def markdown(result: dict) -> str:
             f"Device: **{result['device']}**. {result['scenario']}. {result['trials']} paired, interleaved trials "
             f"of at least {result['trial_seconds']:g} s per rung against the rung kept before it; warm-up excluded. "
             "*gain* is the median of the per-round ratios against the previous rung; *cumulative* is the product "
-            "of the kept gains. Input-bound shares come from a short profile of each rung (n/a with "
-            "steps_per_execution > 1: xprof finds no step markers inside a multi-step execution).",
+            "of the kept gains. Input-bound shares come from a short profile of each rung (with "
+            "steps_per_execution > 1 the steps are inferred from the executions: xprof finds no step markers "
+            "inside a multi-step execution).",
             "",
             "![waterfall](ladder.png)",
             "",

@@ -2,7 +2,10 @@
 
 For every run with a profile: the step breakdown (step time, waiting for input, host
 compute, device compute, other), the share of step time spent waiting for input, the
-device busy share where a device exists, and the tf.data stages ranked by self time.
+device busy share where a device exists, and the tf.data stages that made the step wait
+(train/measure/input_wait.py). Steps come from step markers, or are inferred from the host
+trace where the profile has none (the stock Keras TensorBoard callback): then xprof reports
+no step time, and the figures here come from the trace alone, labelled inferred.
 xprof's JSON is a list of gviz tables whose order changes between versions, so tables
 are found by the keys they carry, never by position.
 """
@@ -10,6 +13,9 @@ are found by the keys they carry, never by position.
 from __future__ import annotations
 
 from pathlib import Path
+
+from train.measure import hosttrace, input_wait, step_windows
+from train.measure.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
 
 STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
     "step_time_ms": "steptime_ms_average",
@@ -27,10 +33,6 @@ INPUT_BOUND_HIGH = 20.0  # xprof's own thresholds: "HIGHLY" and "MODERATELY" inp
 INPUT_BOUND_MODERATE = 5.0
 
 
-class ProfileError(Exception):
-    """The profile could not be read or converted."""
-
-
 def find_profile_sessions(logdir: Path) -> dict[str, Path]:
     """{run name (relative to logdir): newest profile session folder} for every run under logdir."""
     logdir = Path(logdir)
@@ -44,27 +46,14 @@ def find_profile_sessions(logdir: Path) -> dict[str, Path]:
 
 
 def _tool_data(xplanes: list[str], tool: str) -> list:
-    """xprof's JSON for one tool, with its C++ logging kept off the terminal."""
+    """xprof's JSON for one tool (its C++ logging kept off the terminal, quoted in the error)."""
     import json
-    import os
-    import tempfile
 
-    from xprof.convert import raw_to_tool_data
-
-    with tempfile.TemporaryFile() as captured:
-        saved = os.dup(2)
-        os.dup2(captured.fileno(), 2)
-        try:
-            data, _ = raw_to_tool_data.xspace_to_tool_data(xplanes, tool, {})
-        except Exception as error:  # the converter raises plain exceptions on bad files
-            os.dup2(saved, 2)
-            raise ProfileError(f"xprof could not convert {xplanes[0]}: {error}") from None
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-    if not data:
-        raise ProfileError(f"xprof returned no '{tool}' data for {xplanes[0]}")
-    return json.loads(data)
+    data = hosttrace.xprof_tool(xplanes, tool)
+    try:
+        return json.loads(data)
+    except ValueError as error:
+        raise ProfileError(f"xprof's '{tool}' output for {xplanes[0]} is not valid JSON ({error})") from None
 
 
 def _table_with(tables: list, key: str) -> dict | None:
@@ -85,50 +74,84 @@ def _rows(table: dict | None) -> list[dict]:
 
 
 def analyze_session(session: Path) -> dict:
-    """The step breakdown, input share and slowest tf.data stages of one profile session."""
+    """The step breakdown, input share and blocking tf.data stages of one profile session."""
     xplanes = sorted(str(p) for p in Path(session).glob("*.xplane.pb"))
     if not xplanes:
         raise ProfileError(f"{session} holds no .xplane.pb file")
+    wait, steps = None, None
+    for xplane in xplanes:  # every host file must be readable; the first with steps is analysed
+        trace = hosttrace.load(xplane)
+        found = step_windows.find(trace)
+        if wait is None and found is not None:
+            steps, wait = found, input_wait.analyze(trace, found)
+    if wait is None:
+        wait = {
+            "measured": False,
+            "reason": "the profile shows no training steps (no step markers, no Keras batches, "
+            "no repeated tf.function)",
+        }
     tables = _tool_data(xplanes, "input_pipeline_analyzer")
     step_table = _table_with(tables, "steptime_ms_average")
     if step_table is None:
         raise ProfileError(f"xprof's input-pipeline analysis of {session} has no step-time table")
     props = step_table["p"]
-    figures = {name: float(props.get(key) or 0.0) for name, key in STEP_FIELDS.items()}
-    steps = _rows(step_table)
+    xprof_figures = {name: float(props.get(key) or 0.0) for name, key in STEP_FIELDS.items()}
+    xprof_steps = _rows(step_table)
     diagnostics = [r.get("message") for r in _rows(_table_with(tables, "severity")) if r.get("message")]
     hardware = props.get("hardware_type", "unknown")
     has_device = hardware not in ("CPU_ONLY", "unknown", "")
+    has_markers = bool(xprof_steps) and xprof_figures["step_time_ms"] > 0
+    measured = bool(wait.get("measured"))
+    if has_markers:
+        figures = xprof_figures
+    elif measured:  # no step xprof can see: the breakdown of the inferred steps, from the trace
+        figures = dict.fromkeys(STEP_FIELDS, 0.0)
+        figures.update(
+            step_time_ms=wait["step_ms"],
+            input_ms=wait["input_ms"],
+            host_compute_ms=wait["compute_ms"],
+            other_ms=wait["overhead_ms"],
+        )
+    else:
+        figures = xprof_figures
     step_ms = figures["step_time_ms"]
-    result = {
+    if measured:
+        input_share = wait["input_percent"]
+    else:
+        input_share = 100 * figures["input_ms"] / step_ms if has_markers and step_ms else None
+    return {
         "session": str(session),
         "hosts": [Path(p).name.removesuffix(".xplane.pb") for p in xplanes],
         "hardware_type": hardware,
-        "has_step_markers": bool(steps) and step_ms > 0,
-        "steps": len(steps),
+        "has_step_markers": has_markers,
+        "steps_inferred": bool(steps and steps.inferred),
+        "step_source": steps.source if steps else None,
+        "steps": len(xprof_steps) if has_markers else (wait.get("steps") or 0),
         **figures,
-        "input_bound_percent": 100 * figures["input_ms"] / step_ms if step_ms else None,
+        "input_bound_percent": input_share,
+        "xprof_input_percent": 100 * xprof_figures["input_ms"] / xprof_figures["step_time_ms"] if has_markers else None,
         "device_busy_percent": 100 * figures["device_compute_ms"] / step_ms if step_ms and has_device else None,
         "conclusion": props.get("input_conclusion", ""),
         "diagnostics": diagnostics,
-        "slow_stages": _slow_stages(tables),
+        "slow_stages": _slow_stages(wait),
+        "input_pipeline": wait,
     }
-    return result
 
 
-def _slow_stages(tables: list, top: int = 5) -> list[dict]:
-    """tf.data iterators ranked by self time (where the input pipeline spends its time)."""
-    rows = _rows(_table_with(tables, "selfTimeInMs"))
+def _slow_stages(wait: dict, top: int = 5) -> list[dict]:
+    """tf.data stages ranked by the input wait they caused (pass-through stages such as Prefetch never count)."""
+    input_ms = wait.get("input_ms") or 0.0
     stages = [
         {
-            "name": str(r.get("opName")),
-            "stage": str(r.get("opName")).split("::")[-1],
-            "self_time_ms": float(r.get("selfTimeInMs") or 0.0),
-            "self_time_percent": 100 * float(r.get("selfTimeInPercent") or 0.0),
-            "count": int(r.get("count") or 0),
+            "name": s["path"],
+            "stage": s["kind"],
+            "self_time_ms": round(s["blocking_ms"] + s["fill_ms"], 3),
+            "self_time_percent": round(100 * (s["blocking_ms"] + s["fill_ms"]) / input_ms, 1) if input_ms else 0.0,
+            "step_percent": round(100 * (s["blocking_ms"] + s["fill_ms"]) / wait["step_ms"], 1),
+            "count": int(round(s["calls_per_step"] * (wait.get("steps") or 0))),
         }
-        for r in rows
-        if str(r.get("opName", "")).startswith("Iterator::")
+        for s in wait.get("stages", [])
+        if not s["pass_through"] and s["blocking_ms"] + s["fill_ms"] > 0
     ]
     stages.sort(key=lambda s: s["self_time_ms"], reverse=True)
     return stages[:top]

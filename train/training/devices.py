@@ -156,9 +156,9 @@ def resolve(train: TrainConfig, devices: Devices) -> Choices:
     if steps == "auto":
         steps = 1
         reasons["steps_per_execution"] = (
-            "1: xprof finds no step markers inside a multi-step execution, so larger values leave the "
-            "profile without step times; raise it for small models where host overhead dominates (the ladder "
-            "measures it)"
+            "1: xprof finds no step markers inside a multi-step execution, so larger values leave xprof's "
+            "step-time analysis empty (diagnose infers steps per execution); raise it for small models where host "
+            "overhead dominates (the ladder measures it)"
         )
 
     strategy = train.strategy

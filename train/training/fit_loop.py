@@ -129,7 +129,8 @@ def train(setup: RunSetup, log=print) -> dict:
     if cfg.profile.enabled and setup.choices.steps_per_execution > 1:
         log(
             f"{setup.tag} note: with steps_per_execution={setup.choices.steps_per_execution} xprof finds no step "
-            "markers inside multi-step executions: the trace viewer works, the step-time analysis will be n/a."
+            "markers inside multi-step executions: its step-time analysis will be n/a; the run summary and "
+            "`diagnose` infer the steps from the executions (figures per execution)."
         )
     steps = setup.steps_per_epoch
     start_epoch, start_step, history = 0, 0, {}
