@@ -1,0 +1,107 @@
+"""diagnose on users' own training scripts (tests/user_pipelines.py): the first recommendation names the planted cause.
+
+Each case is profiled once, into a folder with a neutral name (run_00, run_01, ...): diagnose
+sees only the profile, never the case's name or code. The whole corpus takes about 20 s here
+(10-step profiles of small models), so it runs with the fast tests; only the timing comparison
+of fixed pipelines, which a busy machine can upset, is marked slow.
+"""
+
+import itertools
+
+import pytest
+
+from tests import user_pipelines
+from train.measure import diagnose
+
+PLANTED = {  # case -> the cause the first recommendation must name
+    "generator_python_decode": "python-generator",
+    "numpy_function_map": "python-in-map",
+    "sequential_tf_map": "sequential-map",
+    "no_prefetch": "no-prefetch",
+    "tiny_batch": "small-batch",
+    "many_files_sequential": "sequential-file-reads",
+    "slow_augmentation": "slow-augmentation",
+    "shuffle_decoded_full_size": "shuffle-buffer-refill",
+    "cache_after_augmentation": "cache-after-augmentation",
+}
+INPUT_CAUSES = set(PLANTED.values()) - {"small-batch"} | {"heavy-map", "decode-every-epoch", "slow-stage"}
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """profiled(case, how) -> the log folder of its profile, made on first use and kept for the module."""
+    root = tmp_path_factory.mktemp("corpus")
+    files = user_pipelines.make_files(root / "files")
+    made, numbers = {}, itertools.count()
+
+    def make(case: str, how: str = "markers"):
+        if (case, how) not in made:
+            logdir = root / f"run_{next(numbers):02d}"
+            user_pipelines.profile(case, files, logdir, how=how)
+            made[case, how] = logdir
+        return made[case, how]
+
+    return make
+
+
+def _only_run(logdir):
+    runs = diagnose.diagnose(logdir)["runs"]
+    assert len(runs) == 1, runs
+    return next(iter(runs.values()))
+
+
+def _check_first_cause(item, case):
+    assert item["verdict"] not in ("unknown", "unreadable"), item
+    first = item["recommendations"][0]
+    assert first["cause"] == PLANTED[case], (case, [(r["cause"], r["estimated_gain"]) for r in item["recommendations"]])
+    assert first["evidence"] and first["fix"] and first["estimated_gain"] >= 1.0
+    if first["kind"] == "speed":
+        assert first["estimated_gain"] >= 1.05
+
+
+@pytest.mark.parametrize("case", list(PLANTED))
+def test_first_recommendation_names_the_planted_cause(profiled, case):
+    _check_first_cause(_only_run(profiled(case)), case)
+
+
+def test_the_fine_pipeline_is_not_input_bound(profiled):
+    item = _only_run(profiled("already_fine"))
+    assert item["verdict"] != "input-bound" and item["profile"]["input_bound_percent"] < 5
+    assert not INPUT_CAUSES & {r["cause"] for r in item["recommendations"]}
+
+
+def test_stock_callback_verdict_agrees_with_the_markers(profiled):
+    marked = _only_run(profiled("numpy_function_map"))
+    stock = _only_run(profiled("numpy_function_map", how="stock"))
+    assert stock["steps_inferred"] and not marked["steps_inferred"]
+    assert stock["verdict"] == marked["verdict"] == "input-bound"
+    assert abs(stock["profile"]["input_bound_percent"] - marked["profile"]["input_bound_percent"]) <= 10
+    _check_first_cause(stock, "numpy_function_map")
+
+
+def test_a_bare_profiler_capture_gets_the_same_diagnosis(profiled):
+    """tf.profiler.experimental.start/stop around fit: no markers, no Keras batches; steps from the executions."""
+    item = _only_run(profiled("numpy_function_map", how="bare"))
+    assert item["steps_inferred"] and item["profile"]["step_source"] == "executions of the train function"
+    _check_first_cause(item, "numpy_function_map")
+
+
+@pytest.mark.parametrize("case", sorted(user_pipelines.FIXED))
+def test_the_fixed_pipeline_no_longer_shows_its_cause(profiled, case):
+    """The first fix applied as a user would write it: the profile no longer shows the cause."""
+    after = _only_run(profiled(case + "_fixed"))
+    assert PLANTED[case] not in {r["cause"] for r in after["recommendations"]}, after["recommendations"]
+
+
+def _per_example_ms(item):
+    wait = item["profile"]["input_pipeline"]
+    return wait["step_ms"] / wait["batch_size"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["numpy_function_map", "shuffle_decoded_full_size", "tiny_batch"])
+def test_fixes_that_remove_work_make_each_example_faster(profiled, case):
+    """Measured gain of the first fix, per example. A prefetch is left out: it overlaps work instead of removing
+    it, and on a CPU-only machine the overlapped pipeline runs on the model's cores (the diagnosis says so)."""
+    before, after = _only_run(profiled(case)), _only_run(profiled(case + "_fixed"))
+    assert _per_example_ms(after) < _per_example_ms(before)
