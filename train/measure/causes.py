@@ -234,9 +234,7 @@ def _stage_cause(unit, stages, step, cores, cores_note, cpu_only, waits, add) ->
     augmentation = shares.get("augmentation", 0.0)
     decode = shares.get("decode", 0.0)
     parallelism = head["params"].get("parallelism")
-    ran = f"it ran {conc:.1f} calls at a time on {fn['threads']} thread(s)" + (
-        f" (parallelism {parallelism})" if parallelism else ""
-    )
+    ran = _fn_line(fn, parallelism)
     deterministic = augmentation == 0.0 and python == 0.0
     element = _element_bytes(head)
     cache_line = (
