@@ -74,8 +74,8 @@ def feeding_lines(result: dict) -> list[str]:
     for name, cost in result.get("pipeline_cost", {}).items():
         per_thousand = cost["core_seconds_per_example"] * 1000
         lines.append(
-            f"{name} pipeline alone: {cost['examples_per_sec_alone']:,.0f} ex/s, {per_thousand:.2f} cores per 1,000 "
-            f"images/s; the device eats {ceiling:,.0f}/s: {cost['cores_to_feed_device']:.1f} cores "
+            f"{name} pipeline alone: {cost['examples_per_sec_alone']:,.0f} ex/s, {per_thousand:.2g} cores per 1,000 "
+            f"images/s; the device eats {ceiling:,.0f}/s: {cost['cores_to_feed_device']:.2g} cores "
             f"(this host has {result['host_cores']}); memory +{cost['memory_growth_mb']:,.0f} MB"
         )
     if result.get("peak_rss_mb"):
