@@ -282,6 +282,13 @@ def _check_ranges(cfg: Config, source: str) -> None:
         p.cache,
         "'auto', 'encoded' or 'none' with pipeline.random_crop (a decoded cache would keep the first crops)",
     )
+    need(
+        not p.random_crop or p.shuffle_buffer > 0,
+        "pipeline.shuffle_buffer",
+        p.shuffle_buffer,
+        "> 0 with pipeline.random_crop (crops are drawn per position in the stream: without a shuffle each "
+        "example would get the same crop every epoch)",
+    )
     for key in ("random_crop", "scaled_decode"):
         need(
             not getattr(p, key) or p.reader == "tfrecord",

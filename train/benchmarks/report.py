@@ -41,7 +41,10 @@ def run_row(summary: dict) -> dict:
     profile = summary.get("profile") or {}
     row.update(
         pipeline=summary.get("pipeline"),
-        batch_size=summary.get("batch_size"),
+        batch_size=summary.get("global_batch_size") or summary.get("batch_size"),
+        # xprof's "step" is one execution: steps_per_execution batches of the global batch
+        examples_per_profiled_step=(summary.get("global_batch_size") or summary.get("batch_size") or 1)
+        * ((summary.get("choices") or {}).get("steps_per_execution") or 1),
         model=summary.get("model"),
         precision=summary.get("choices", {}).get("precision"),
         jit_compile=summary.get("choices", {}).get("jit_compile"),
@@ -196,7 +199,9 @@ def chart(report: dict, path: Path) -> None:
     ax = axes[1]
     bottoms = [0.0] * len(runs)
     for key, label, colour in BREAKDOWN:
-        heights = [((r["step_breakdown_ms"] or {}).get(key) or 0.0) / (r["batch_size"] or 1) * 1000 for r in runs]
+        heights = [
+            ((r["step_breakdown_ms"] or {}).get(key) or 0.0) / r["examples_per_profiled_step"] * 1000 for r in runs
+        ]
         if any(heights):
             ax.bar(names, heights, bottom=bottoms, label=label, color=colour)
             bottoms = [b + h for b, h in zip(bottoms, heights)]

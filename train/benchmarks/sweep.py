@@ -16,6 +16,7 @@ from train import files
 from train.benchmarks import scenario as scenario_lib
 from train.benchmarks import trials
 from train.measure.monitor import Sampler
+from train.training import setup
 
 
 def _is_oom(error: Exception) -> bool:
@@ -40,9 +41,12 @@ def main(args) -> int:
     )
 
     points, largest, stop_reason = [], None, f"reached --max {args.max}"
+    replicas = setup.plan(base, found, spec).replicas
     for batch in sizes:
-        if batch > spec.num_train:
-            stop_reason = f"batch {batch} is larger than the training split ({spec.num_train} examples)"
+        if batch * replicas > spec.num_train:
+            stop_reason = (
+                f"batch {batch} per replica x {replicas} is larger than the training split ({spec.num_train} examples)"
+            )
             break
         cfg = scenario.load(
             args.optimized, list(args.overrides) + [f"pipeline.batch_size={batch}"], name=f"batch_{batch}"

@@ -111,12 +111,15 @@ def prepare(
     same model with zero input cost. A config with several replicas (train.strategy: mirrored)
     really runs on them: the batches are distributed like `model.fit` distributes them.
     """
-    cfg, choices = setup.resolve(cfg, found, spec)
-    strategy = setup.make_strategy(cfg)
-    replicas = strategy.num_replicas_in_sync
-    setup.check_batch_size(cfg, spec, replicas)
+    made = setup.plan(cfg, found, spec)
+    cfg, choices, strategy, replicas, batch_size = (
+        made.cfg,
+        made.choices,
+        made.strategy,
+        made.replicas,
+        made.global_batch,
+    )
     knobs = cfg.pipeline
-    batch_size = knobs.batch_size * replicas
     dataset = pipeline.build(
         spec.train_files,
         spec,
@@ -166,8 +169,8 @@ def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, second
     """
     import psutil
 
-    cfg, _ = setup.resolve(cfg, found, spec)
-    knobs = cfg.pipeline
+    made = setup.plan(cfg, found, spec)
+    knobs, batch_size = made.cfg.pipeline, made.global_batch
     process = psutil.Process()
     start_rss = process.memory_info().rss
     dataset = pipeline.build(
@@ -176,11 +179,11 @@ def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, second
         knobs,
         training=True,
         num_examples=spec.num_train,
-        batch_size=knobs.batch_size,
+        batch_size=batch_size,
         seed=cfg.train.seed,
     )
     iterator = iter(dataset)
-    epoch = pipeline.steps_per_epoch(spec.num_train, knobs.batch_size, knobs.drop_remainder)
+    epoch = pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder)
     for _ in range(epoch + 2 if knobs.cache != "none" else 2):
         next(iterator)
     peak = process.memory_info().rss
@@ -190,7 +193,7 @@ def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, second
         batches += 1
         if batches % 8 == 0:
             peak = max(peak, process.memory_info().rss)
-    examples = batches * knobs.batch_size
+    examples = batches * batch_size
     result = {
         "core_seconds_per_example": (time.process_time() - cpu) / examples,
         "examples_per_sec_alone": examples / (time.perf_counter() - started),
@@ -200,8 +203,20 @@ def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, second
     return result
 
 
-def interleaved(variants: list[Variant], trials: int, seconds: float, log: Callable[[str], None] = print) -> None:
-    """Measure every variant `trials` times, rotating the order each round."""
+def interleaved(
+    variants: list[Variant], trials: int, seconds: float, log: Callable[[str], None] = print, settle_rounds: int = 1
+) -> None:
+    """Measure every variant `trials` times, rotating the order each round.
+
+    First `settle_rounds` unrecorded rounds: a variant prepared a moment ago still ramps up
+    (tf.data's autotuning, its shuffle buffer, its first epoch boundary) while the others have
+    run for minutes; measured on the ladder, that made each new rung read 20-50 % slower in its
+    first trials than later.
+    """
+    for _ in range(settle_rounds):
+        for variant in variants:
+            variant.trial(seconds)
+            variant.samples.pop()
     for round_index in range(trials):
         shift = round_index % len(variants)
         order = variants[shift:] + variants[:shift]

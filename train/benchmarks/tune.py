@@ -45,7 +45,6 @@ from train import files
 from train.errors import UserError
 
 MIN_GAIN = 0.03  # a change must buy at least 3 %, even on a quiet machine
-TUNED = "configs/tuned.yaml"
 PREROLL_S = 0.25  # untimed steps before each trial: drain what the pipeline prepared while others ran
 PREROLL_CALLS = 2  # ... and at least this many executions
 MIN_CALLS = 6  # a trial lasts --seconds and at least this many executions (slow pipelines: longer trials)
@@ -574,10 +573,16 @@ def tuned_header(result: dict) -> str:
             f"pipeline.batch_size {batch} with train.learning_rate scaled linearly: this changes what is learned"
         )
     lines += [
-        f'Only the knobs that changed. Use: make train-optimized ARGS="--overlay {result["tuned_path"]}"',
+        f"Only the knobs that changed. Use: {train_command(result)}",
         "(tuned for the scenario above: under another model or machine, run make tune again).",
     ]
     return "".join(f"# {line}\n" for line in lines)
+
+
+def train_command(result: dict) -> str:
+    """The command that trains with the tuned overlay, under the scenario it was tuned in."""
+    layers = [*result.get("scenario_overlays", []), result["tuned_path"]]
+    return 'make train-optimized ARGS="' + " ".join(f"--overlay {layer}" for layer in layers) + '"'
 
 
 def _fmt(value) -> str:
@@ -735,7 +740,7 @@ class TrialMeasure:
         try:
             for name, cfg in (extra or {}).items():
                 others.append(_view(trials.prepare(name, cfg, self.spec, self.found, log=_quiet), name))
-            trials.interleaved(views + others, rounds, self.seconds, log=_quiet)
+            trials.interleaved(views + others, rounds, self.seconds, log=_quiet, settle_rounds=0)
         finally:
             for other in others:
                 other.iterator = None
@@ -782,12 +787,6 @@ def _view(variant, name: str):
     return _drained_class()(**{**fields, "name": name, "samples": []})
 
 
-def _replicas(resolved, found) -> int:
-    if resolved.train.strategy != "mirrored":
-        return 1
-    return len(found.gpus) or resolved.train.cpu_replicas
-
-
 def _get(cfg, key: str):
     node = cfg
     for part in key.split("."):
@@ -820,7 +819,7 @@ def main(args) -> int:
     out = Path(args.out)
     spec, found = scenario_lib.begin(scenario, [base_cfg], out, clean=True)
     start_cfg = load(start)
-    replicas = _replicas(setup.resolve(start_cfg, found, spec)[0], found)
+    replicas = setup.plan(start_cfg, found, spec).replicas
     knobs = plan(start_cfg, spec, found, replicas=replicas, batch=args.batch, only=args.only)
     base = {key: _get(base_cfg, key) for key in {k.key for k in knobs} | set(start) | {"train.learning_rate"}}
     if start:
@@ -841,14 +840,14 @@ def main(args) -> int:
         try:
             cand = resolved(candidate)
             setup.check_batch_size(cand, spec, replicas)
-            cand_cache = pipeline.cache_size_mb(cand.pipeline, spec, spec.num_train)
+            cand_cache = pipeline.memory_cache_mb(cand.pipeline, spec, spec.num_train)
         except UserError as error:
             return f"not valid here: {str(error)[:200]}"
         now = resolved(best)
         if (cand.pipeline, cand.train) == (now.pipeline, now.train):
             return "the same settings once auto is resolved"
         limit = cand.pipeline.cache_limit_mb
-        if cand_cache > limit and cand_cache > pipeline.cache_size_mb(now.pipeline, spec, spec.num_train):
+        if cand_cache > limit and cand_cache > pipeline.memory_cache_mb(now.pipeline, spec, spec.num_train):
             return f"its cache ({cand_cache:,.0f} MB) exceeds pipeline.cache_limit_mb ({limit})"
         floor = shuffle_floor(cand.pipeline.batch_size * replicas, spec.num_train)
         if (
@@ -877,6 +876,10 @@ def main(args) -> int:
         "machine": found.describe(),
         "dataset": f"{spec.name} ({spec.num_train} training images of {shape}, {spec.root})",
         "scenario": ", ".join(scenario_lib.named(Path(o).stem) for o in scenario.overlays) or "none",
+        "scenario_overlays": [
+            str(Path(o).relative_to(files.PROJECT_ROOT)) if Path(o).is_relative_to(files.PROJECT_ROOT) else o
+            for o in scenario.overlays
+        ],
         "scenario_why": scenario.why,
         "config": " + ".join(
             [str(args.config)]
@@ -934,7 +937,7 @@ def summary(result: dict) -> str:
             f"Wrote {result['tuned_path']}: "
             + ", ".join(f"{k}={_fmt(v)}" for k, v in flatten(result["overlay"]).items())
         )
-        lines.append(f'Train with it: make train-optimized ARGS="--overlay {result["tuned_path"]}"')
+        lines.append(f"Train with it: {train_command(result)}")
     if result["note"]:
         lines.append(result["note"][0].upper() + result["note"][1:] + ".")
     return "\n".join(lines)

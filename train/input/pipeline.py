@@ -92,6 +92,11 @@ def cache_size_mb(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, t
     return 0.0
 
 
+def memory_cache_mb(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, training: bool = True) -> float:
+    """What the cache keeps in RAM, the size cache_limit_mb bounds (a disk snapshot keeps nothing there)."""
+    return 0.0 if knobs.cache == "disk" else cache_size_mb(knobs, spec, num_examples, training)
+
+
 def resolve(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, gpu: bool) -> tuple[PipelineConfig, dict]:
     """`knobs` with every `auto` of what to cache, where to shuffle and where to augment decided
     for this dataset and device; and the reason for each choice."""
@@ -110,14 +115,18 @@ def resolve(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, gpu: bo
         decoded = cache_size_mb(batched, spec, num_examples)
         encoded = encoded_size_mb(spec, num_examples)
         limit = knobs.cache_limit_mb
-        if knobs.random_crop:
+        if knobs.reader == "python":
+            cache = "memory" if decoded <= limit else "none"
+            why = f"the Python generator's decoded images ({decoded:.0f} MB), limit {limit} MB"
+        elif knobs.random_crop:
             cache = "encoded" if encoded <= limit else "none"
             why = f"random_crop decodes a new window every epoch: encoded records ({encoded:.0f} MB)"
         elif decoded <= limit:
             cache, why = "memory", f"decoded images ({decoded:.0f} MB) fit in cache_limit_mb ({limit})"
         elif knobs.cache_dir:
             cache = "disk"
-            why = f"decoded images ({decoded:.0f} MB) exceed cache_limit_mb ({limit}): snapshot in {knobs.cache_dir}"
+            on_disk = decoded_size_mb(spec, knobs, num_examples)  # a snapshot stores no mirrors
+            why = f"decoded images exceed cache_limit_mb ({limit}): a {on_disk:.0f} MB snapshot in {knobs.cache_dir}"
         elif encoded <= limit:
             cache = "encoded"
             why = (
@@ -136,6 +145,12 @@ def resolve(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, gpu: bo
         )
     resolved = dataclasses.replace(knobs, augment=augment_choice, cache=cache, shuffle_before_decode=bool(before))
     return resolved, reasons
+
+
+def shuffles_records(knobs: PipelineConfig) -> bool:
+    """Whether the element shuffle runs on the encoded records, before decoding: only when nothing
+    decoded is cached, since a shuffle before a decoded cache would freeze the first epoch's order."""
+    return knobs.shuffle_before_decode is True and knobs.reader == "tfrecord" and knobs.cache in ("encoded", "none")
 
 
 def decode_ratio(stored: int, output: int) -> int:
@@ -184,7 +199,8 @@ def decoder(spec: DatasetSpec, knobs: PipelineConfig, training: bool):
         if jpeg and knobs.scaled_decode:
             ratio = decode_ratio(min(spec.image_shape[:2]), shape[0])
             image = tf.io.decode_jpeg(encoded, channels=shape[2], ratio=ratio)
-            image.set_shape([spec.image_shape[0] // ratio, spec.image_shape[1] // ratio, shape[2]])
+            # libjpeg rounds the scaled size up (a 99 px image at 1/2 is 50 px)
+            image.set_shape([-(-spec.image_shape[0] // ratio), -(-spec.image_shape[1] // ratio), shape[2]])
             return to_size(image)
         return to_size(decode_image(encoded, spec))
 
@@ -275,7 +291,7 @@ def _tfrecord_reader(
         serialized = serialized.concatenate(tf.data.Dataset.from_tensor_slices(damaged_here))
     if knobs.cache == "encoded":
         serialized = serialized.cache()
-    if training and knobs.shuffle_buffer and knobs.shuffle_before_decode:
+    if training and knobs.shuffle_buffer and shuffles_records(knobs):
         serialized = serialized.shuffle(knobs.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     spec_features = records.feature_spec()
     decode = decoder(spec, knobs, training)
@@ -337,7 +353,7 @@ def build(
         dataset = dataset.cache()
     elif knobs.cache == "disk":
         dataset = dataset.snapshot(str(snapshot_dir(knobs, spec, training)), compression=None)
-    if training and knobs.shuffle_buffer and not knobs.shuffle_before_decode:
+    if training and knobs.shuffle_buffer and not shuffles_records(knobs):
         dataset = dataset.shuffle(knobs.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if training and knobs.augment == "per_example":
         # Indexed within the epoch; the shuffle gives each position a different example every epoch.
@@ -369,7 +385,8 @@ def snapshot_dir(knobs: PipelineConfig, spec: DatasetSpec, training: bool) -> Pa
     """Where cache: disk keeps the decoded images of a split (tf.data keys each pipeline's
     snapshot by its fingerprint below this folder, so a changed pipeline never reads a stale one)."""
     height = image_shape(spec, knobs)[0]
-    return Path(knobs.cache_dir) / spec.root.parent.name / f"{height}px" / ("train" if training else "validation")
+    folder = Path(knobs.cache_dir) / spec.name / spec.root.parent.name / f"{height}px"
+    return folder / ("train" if training else "validation")
 
 
 def to_service(dataset: tf.data.Dataset, knobs: PipelineConfig, job_name: str | None = None) -> tf.data.Dataset:
@@ -407,7 +424,7 @@ def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, batch_
         stages = [f"tfrecord {reads}"]
         if knobs.cache == "encoded":
             stages.append(f"cache (encoded, {cache_size_mb(knobs, spec, num_examples):.0f} MB)")
-        if shuffle and knobs.shuffle_before_decode:
+        if shuffle and shuffles_records(knobs):
             stages.append(shuffle + " of records")
         how = "crop window" if knobs.random_crop else "DCT-scaled" if knobs.scaled_decode and size else ""
         stages.append(f"map(decode{size}{', ' + how if how else ''}, {knobs.parallel_calls})")
@@ -417,7 +434,7 @@ def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, batch_
         stages.append(f"cache ({cache_size_mb(knobs, spec, num_examples):.0f} MB)")
     elif knobs.cache == "disk":
         stages.append(f"snapshot on disk ({cache_size_mb(knobs, spec, num_examples):.0f} MB)")
-    if shuffle and not knobs.shuffle_before_decode:
+    if shuffle and not shuffles_records(knobs):
         stages.append(shuffle)
     if knobs.augment in ("python", "per_example"):
         stages.append(f"augment[{knobs.augment}]")

@@ -37,6 +37,8 @@ def train(setup: RunSetup, log=print) -> dict:
     optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16, wrapped by compile
     with strategy.scope():
         optimizer.build(model.trainable_variables)
+    if cfg.checkpoint.every_steps:
+        log(f"{tag} note: the multi-worker loop checkpoints at epoch ends only; checkpoint.every_steps is ignored")
     start_epoch, resume = 0, setup.resume
     if resume and not resume["step_in_epoch"]:
         checkpoint.restore(model, resume["folder"])
@@ -59,7 +61,9 @@ def train(setup: RunSetup, log=print) -> dict:
         )
         shard_options = tf.data.Options()
         shard_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return dataset.with_options(shard_options).skip(start_epoch * steps)
+        # Each step takes one batch per replica of this worker: skip that many per finished step.
+        local_replicas = max(1, setup.replicas // context.num_input_pipelines)
+        return dataset.with_options(shard_options).skip(start_epoch * steps * local_replicas)
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     loss_fn = models.loss()
@@ -187,15 +191,3 @@ def peer_lost(error, name: str, epoch: int, index: int, timeout_s: float, run_di
         f"leaving them waiting. Find why {who} stopped (its own output), then restart every worker with the "
         f"same command: they resume from {where}."
     )
-
-
-def _evaluate(model, dataset, loss_fn) -> dict:
-    import tensorflow as tf
-
-    total, loss_sum, correct = 0, 0.0, 0.0
-    for images, labels in dataset:
-        logits = model(images, training=False)
-        loss_sum += float(tf.reduce_sum(loss_fn(labels, logits)))
-        correct += float(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32)))
-        total += int(labels.shape[0])
-    return {"val_loss": loss_sum / total, "val_accuracy": correct / total}

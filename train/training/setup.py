@@ -141,6 +141,29 @@ def resolve(cfg: Config, found: devices.Devices, spec: sources.DatasetSpec) -> t
     return dataclasses.replace(cfg, train=train), choices
 
 
+@dataclasses.dataclass
+class Plan:
+    """A config made concrete for this machine: every `auto` resolved, the strategy, the global batch."""
+
+    cfg: Config
+    choices: devices.Choices
+    strategy: tf.distribute.Strategy
+    global_batch: int  # pipeline.batch_size (per replica) x replicas: what one step consumes
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+
+def plan(cfg: Config, found: devices.Devices, spec: sources.DatasetSpec) -> Plan:
+    """Resolve `cfg` for `found` and `spec`, create its strategy (before any other TensorFlow op)
+    and derive the global batch, checking that it fits the training split."""
+    cfg, choices = resolve(cfg, found, spec)
+    strategy = make_strategy(cfg)
+    check_batch_size(cfg, spec, strategy.num_replicas_in_sync)
+    return Plan(cfg, choices, strategy, cfg.pipeline.batch_size * strategy.num_replicas_in_sync)
+
+
 def current_task() -> Task:
     """This process's place in the cluster that TF_CONFIG describes (a local run without it)."""
     if "TF_CONFIG" not in os.environ:
@@ -232,12 +255,15 @@ def prepare(
     """Everything before the first step: choices, strategy, data checks, run folder, seeds."""
     spec = sources.locate(cfg.data, build_hint)
     found = devices.detect()
-    cfg, choices = resolve(cfg, found, spec)
+    made = plan(cfg, found, spec)
+    cfg, choices, strategy, global_batch, replicas = (
+        made.cfg,
+        made.choices,
+        made.strategy,
+        made.global_batch,
+        made.replicas,
+    )
     task = current_task() if cfg.train.strategy == "multi_worker" else Task()
-    strategy = make_strategy(cfg)
-    replicas = strategy.num_replicas_in_sync
-    check_batch_size(cfg, spec, replicas)
-    global_batch = cfg.pipeline.batch_size * replicas
     steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(
         spec.num_train, global_batch, cfg.pipeline.drop_remainder
     )
