@@ -168,6 +168,7 @@ def test_deterministic_mode_records_that_xla_is_off(tiny_sets, monkeypatch):
     assert config.load(cfg.run_dir / "config.yaml").train.jit_compile is False
 
 
+@pytest.mark.slow
 def test_mixed_precision_stopped_mid_epoch_resumes_to_the_weights_of_an_uninterrupted_run(tiny_sets, monkeypatch):
     sets = tiny_sets + QUICK + GPU_PATH + ["train.deterministic=true"]
     straight = fit_loop.run(config.load(OPTIMIZED, sets, name="straight"), log=quiet)
@@ -191,6 +192,7 @@ def test_mixed_precision_stopped_mid_epoch_resumes_to_the_weights_of_an_uninterr
     assert resumed["weights_sha256"] == straight["weights_sha256"]
 
 
+@pytest.mark.slow
 def test_xla_stopped_mid_epoch_resumes_from_the_saved_step(tiny_sets, monkeypatch):
     """XLA cannot run under op determinism in Keras: the resumed run is checked to continue from the
     saved step, with the saved optimizer and loss-scale state, instead of bitwise equality."""
@@ -229,6 +231,7 @@ def mirrored_command(tiny_data_dir: Path, runs: Path, name: str, *extra: str) ->
     ]
 
 
+@pytest.mark.slow
 def test_mirrored_mixed_float16_over_two_logical_cpus_with_xla_recorded_off(tiny_data_dir, tmp_path):
     """XLA cannot compile a step mirrored over logical CPUs (each replica's variables live on another CPU
     device: "Trying to access resource ... located in device CPU:1 from device CPU:0"); the run turns it off
