@@ -21,7 +21,6 @@ from train.benchmarks import scenario as scenario_lib
 from train.benchmarks import trials
 from train.errors import UserError
 
-WARMUP_S = 8.0
 RUNG_KEYS = {"name", "why", "set", "keep", "needs_devices"}
 
 
@@ -116,9 +115,7 @@ def main(args) -> int:
             rows.append(row)
             continue
         print(f"[{index}] {rung['name']}: {row['why']}", flush=True)
-        # A longer warm-up than bench's: each rung's new pipeline is compared with one that has
-        # run for minutes, and tf.data's autotuning keeps ramping up for seconds after the start.
-        candidate = trials.prepare(rung["name"], candidate_cfg, spec, found, warmup_seconds=WARMUP_S)
+        candidate = trials.prepare(rung["name"], candidate_cfg, spec, found)
         base.samples.clear()
         trials.interleaved([base, candidate], args.trials, args.seconds)
         ratios = trials.paired_ratios(candidate, base)

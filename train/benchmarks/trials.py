@@ -23,6 +23,9 @@ from train.measure import analysis
 from train.sources import DatasetSpec
 from train.training import devices, setup
 
+PREROLL_S = 0.25  # untimed steps before each trial ...
+PREROLL_CALLS = 2  # ... and at least this many executions
+
 
 @dataclasses.dataclass
 class Variant:
@@ -53,7 +56,15 @@ class Variant:
         return time.perf_counter() - started
 
     def trial(self, seconds: float, min_calls: int = 3) -> float:
-        """examples/s over at least `seconds` (and `min_calls` executions)."""
+        """examples/s over at least `seconds` (and `min_calls` executions), after a short untimed
+        pre-roll: while the other variants ran, this pipeline filled its prefetch buffers for free,
+        and a long-running one (whose autotuned buffers have grown) would otherwise start each
+        trial with a head start. Measured on the ladder: each new rung read 30-50 % slower as the
+        candidate than in the next rung, where it was the long-running base."""
+        started, drained = time.perf_counter(), 0
+        while time.perf_counter() - started < PREROLL_S or drained < PREROLL_CALLS:
+            self.run(1)
+            drained += 1
         calls, elapsed, chunk = 0, 0.0, 1
         while elapsed < seconds or calls < min_calls:
             took = self.run(chunk)

@@ -45,8 +45,6 @@ from train import files
 from train.errors import UserError
 
 MIN_GAIN = 0.03  # a change must buy at least 3 %, even on a quiet machine
-PREROLL_S = 0.25  # untimed steps before each trial: drain what the pipeline prepared while others ran
-PREROLL_CALLS = 2  # ... and at least this many executions
 MIN_CALLS = 6  # a trial lasts --seconds and at least this many executions (slow pipelines: longer trials)
 
 
@@ -768,11 +766,7 @@ def _drained_class():
     @dataclasses.dataclass
     class Drained(trials.Variant):
         def trial(self, seconds: float, min_calls: int = MIN_CALLS) -> float:
-            started, calls = time.perf_counter(), 0
-            while time.perf_counter() - started < PREROLL_S or calls < PREROLL_CALLS:
-                self.run(1)
-                calls += 1
-            return super().trial(seconds, max(min_calls, MIN_CALLS))
+            return super().trial(seconds, max(min_calls, MIN_CALLS))  # the pre-roll is trials.Variant's
 
     return Drained
 
@@ -796,6 +790,7 @@ def _get(cfg, key: str):
 
 def main(args) -> int:
     from train.benchmarks import scenario as scenario_lib
+    from train.benchmarks import trials
     from train.input import pipeline
     from train.training import setup
 
@@ -862,7 +857,7 @@ def main(args) -> int:
     first = measure.variant(start, "start", log=say)
     prepare_s = time.monotonic() - prepared
     call_s = first.run(3) / 3
-    per_trial = max(args.seconds, MIN_CALLS * call_s) + max(PREROLL_S, PREROLL_CALLS * call_s)
+    per_trial = max(args.seconds, MIN_CALLS * call_s) + max(trials.PREROLL_S, trials.PREROLL_CALLS * call_s)
     per_round = 3 * per_trial * 1.15
     reference = {}
     if args.reference:
