@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml $(SETUP_CONSTRAINTS)
 endif
 
 data: setup ## Build the synthetic dataset (TFRecord shards in shards/; no-op when built)
-	$(PY) -m train data --config configs/base.yaml --scenario $(SCENARIO) $(ARGS)
+	$(PY) -m train data --config configs/base.yaml --scenario $(SCENARIO) $(if $(filter data,$(MAKECMDGOALS)),$(ARGS))
 
 train-naive: data ## Train the naive baseline (Python generator, serial, no prefetch) into runs/naive
 	$(PY) -m train fit --config configs/naive.yaml $(ARGS)
