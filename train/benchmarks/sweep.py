@@ -41,7 +41,7 @@ def main(args) -> int:
     )
 
     points, largest, stop_reason = [], None, f"reached --max {args.max}"
-    replicas = setup.plan(base, found, spec).replicas
+    replicas = setup.make_strategy(setup.resolve(base, found, spec)[0]).num_replicas_in_sync
     for batch in sizes:
         if batch * replicas > spec.num_train:
             stop_reason = (
