@@ -98,39 +98,32 @@ def cmd_fit(args) -> int:
     return 0
 
 
-def cmd_compare(args) -> int:
-    import_tensorflow()
-    from train.benchmarks import compare
+def _benchmark(module: str, args) -> int:
+    """Run train.benchmarks.<module>.main(args), TensorFlow imported without its start-up log."""
+    import importlib
 
-    return compare.main(args)
+    import_tensorflow()
+    return importlib.import_module(f"train.benchmarks.{module}").main(args)
+
+
+def cmd_compare(args) -> int:
+    return _benchmark("compare", args)
 
 
 def cmd_bench(args) -> int:
-    import_tensorflow()
-    from train.benchmarks import bench
-
-    return bench.main(args)
+    return _benchmark("bench", args)
 
 
 def cmd_ladder(args) -> int:
-    import_tensorflow()
-    from train.benchmarks import ladder
-
-    return ladder.main(args)
+    return _benchmark("ladder", args)
 
 
 def cmd_tune(args) -> int:
-    import_tensorflow()
-    from train.benchmarks import tune
-
-    return tune.main(args)
+    return _benchmark("tune", args)
 
 
 def cmd_sweep(args) -> int:
-    import_tensorflow()
-    from train.benchmarks import sweep
-
-    return sweep.main(args)
+    return _benchmark("sweep", args)
 
 
 def cmd_diagnose(args) -> int:

@@ -104,6 +104,19 @@ def summarize(samples: list[float]) -> dict:
     }
 
 
+def training_pipeline(made: setup.Plan, spec: DatasetSpec):
+    """The training split's pipeline of a planned config, batched at its global batch."""
+    return pipeline.build(
+        spec.train_files,
+        spec,
+        made.cfg.pipeline,
+        training=True,
+        num_examples=spec.num_train,
+        batch_size=made.global_batch,
+        seed=made.cfg.train.seed,
+    )
+
+
 def prepare(
     name: str,
     cfg: Config,
@@ -131,15 +144,7 @@ def prepare(
         made.global_batch,
     )
     knobs = cfg.pipeline
-    dataset = pipeline.build(
-        spec.train_files,
-        spec,
-        knobs,
-        training=True,
-        num_examples=spec.num_train,
-        batch_size=batch_size,
-        seed=cfg.train.seed,
-    )
+    dataset = training_pipeline(made, spec)
     if ceiling:
         batch = next(iter(dataset))
         dataset = tf.data.Dataset.from_tensors(batch).repeat().prefetch(2)
@@ -184,15 +189,7 @@ def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, second
     knobs, batch_size = made.cfg.pipeline, made.global_batch
     process = psutil.Process()
     start_rss = process.memory_info().rss
-    dataset = pipeline.build(
-        spec.train_files,
-        spec,
-        knobs,
-        training=True,
-        num_examples=spec.num_train,
-        batch_size=batch_size,
-        seed=cfg.train.seed,
-    )
+    dataset = training_pipeline(made, spec)
     iterator = iter(dataset)
     epoch = pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder)
     for _ in range(epoch + 2 if knobs.cache != "none" else 2):
