@@ -199,3 +199,19 @@ def test_damaged_profiles_get_one_paragraph_naming_the_file_and_fail_the_gate(lo
     # one damaged run among good ones still fails the gate, and plain diagnose says so by its status too
     shutil.copytree(logs / "fast", tmp_path / "good")
     assert run_cli("diagnose", str(tmp_path)).returncode == diagnose.UNMEASURED
+
+
+def test_a_wait_whose_producers_left_no_events_is_called_out():
+    """TF 2.17 drops the events of finished epochs' tf.data threads: the wait then sits on a pass-through stage."""
+
+    def profile(unattributed_ms):
+        stages = [
+            {"path": "Iterator::Root::Prefetch", "pass_through": True, "blocking_ms": unattributed_ms},
+            {"path": "Iterator::Root::Prefetch::Shuffle", "pass_through": False, "blocking_ms": 8 - unattributed_ms},
+        ]
+        wait = {"measured": True, "step_ms": 10.0, "input_ms": 8.0, "unattributed_ms": unattributed_ms}
+        return {"device_busy_percent": 50.0, "input_pipeline": {**wait, "stages": stages}}
+
+    (note,) = diagnose._notes(profile(3.0))
+    assert note.startswith("Unseen producers") and "3.0 ms of the 8.0 ms" in note and "Iterator::Root::Prefetch" in note
+    assert diagnose._notes(profile(0.5)) == []

@@ -215,8 +215,8 @@ def shuffle_decoded_full_size(files):
 
     ds = tf.data.Dataset.from_tensor_slices((files["jpegs"], files["labels"]))
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).shuffle(len(files["jpegs"]))
-    ds = ds.map(resize, num_parallel_calls=tf.data.AUTOTUNE).batch(16).prefetch(tf.data.AUTOTUNE)
-    return ds, small_model(), {"epochs": 4}
+    ds = ds.map(resize, num_parallel_calls=tf.data.AUTOTUNE).batch(24).prefetch(tf.data.AUTOTUNE)
+    return ds, small_model(), {"epochs": 5}
 
 
 def cache_after_augmentation(files):
@@ -301,8 +301,8 @@ def shuffle_decoded_full_size_fixed(files):
         return tf.cast(tf.image.resize(image, (SIZE, SIZE)), tf.uint8), label
 
     ds = tf.data.Dataset.from_tensor_slices((files["jpegs"], files["labels"])).shuffle(len(files["jpegs"]))
-    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(16).prefetch(tf.data.AUTOTUNE)
-    return ds, small_model(), {"epochs": 4}
+    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(24).prefetch(tf.data.AUTOTUNE)
+    return ds, small_model(), {"epochs": 5}
 
 
 FIXED = {

@@ -215,9 +215,27 @@ def diagnose(logdir: str | Path) -> dict:
             "recommendations": recommendations(profile, _run_config(session)),
             "how_to_capture": None if profile["has_step_markers"] else HOW_TO_CAPTURE,
             "unmeasured": None if profile["input_bound_percent"] is not None else wait.get("reason"),
-            "notes": [CPU_ONLY_NOTE] if profile["device_busy_percent"] is None and wait.get("measured") else [],
+            "notes": _notes(profile),
         }
     return {"logdir": str(logdir), "runs": runs}
+
+
+def _notes(profile: dict) -> list[str]:
+    wait = profile["input_pipeline"]
+    if not wait.get("measured"):
+        return []
+    notes = [CPU_ONLY_NOTE] if profile["device_busy_percent"] is None else []
+    lost, input_ms = wait.get("unattributed_ms") or 0.0, wait["input_ms"] or 0.0
+    if input_ms >= 0.1 * wait["step_ms"] and lost >= 0.25 * input_ms:
+        held = max((s for s in wait["stages"] if s["pass_through"]), key=lambda s: s["blocking_ms"])
+        notes.append(
+            f"Unseen producers: {lost:.1f} ms of the {input_ms:.1f} ms input wait per step "
+            f"({100 * lost / input_ms:.0f} %) waits on {held['path']}, whose producer threads left no events in this "
+            "profile, so the causes above miss that share. TensorFlow 2.17's profiler drops the events of threads "
+            "that ended before the capture stopped (each epoch's iterator threads end with its epoch); 2.21 keeps "
+            "them. Profile steps within one epoch, or `.repeat()` the dataset and pass steps_per_epoch, to see them."
+        )
+    return notes
 
 
 def _summary(run: str, item: dict) -> str:
