@@ -46,7 +46,9 @@ def damage_randomly(path: Path, rng: np.random.Generator) -> str:
     return str(kind)
 
 
-@pytest.mark.parametrize("case", range(SHARD_CASES))
+@pytest.mark.parametrize(  # three in the fast tests (each starts a CLI process), all eight in `make test`
+    "case", [pytest.param(case, marks=[pytest.mark.slow] if case >= 3 else []) for case in range(SHARD_CASES)]
+)
 def test_randomly_damaged_shards_fail_clearly_in_bounded_time(tiny_data_dir, tmp_path, case):
     rng = np.random.default_rng([2026, case])
     copy = tmp_path / "data"
