@@ -38,7 +38,8 @@ class FakeClock:
 
 
 class FakeMeasure:
-    """Speed is a product of factors per knob value; every comparison takes `cost` fake seconds.
+    """Speed is a product of factors per knob value; a comparison of 5 rounds of 3 views takes `cost` fake
+    seconds (more rounds or more views: longer, in proportion).
 
     `script` (optional) replaces the model with fixed comparisons, in order; `interrupt_after`
     raises KeyboardInterrupt on that comparison (once), as Ctrl-C would.
@@ -62,7 +63,7 @@ class FakeMeasure:
         if self.interrupt_after is not None and len(self.calls) == self.interrupt_after:
             self.interrupt_after = None
             raise KeyboardInterrupt
-        self.clock.now += self.cost
+        self.clock.now += self.cost * rounds * (3 + len(extra or {})) / 15
         if self.script:
             return self.script.pop(0)
         return comparison(self.speed(candidate) / self.speed(reference), self.noise, self.speed(reference))
@@ -196,6 +197,15 @@ def run(measure, tmp_path, base=BASE, knobs=KNOBS, start=None, **kwargs):
         progress=False,
         **kwargs,
     )
+
+
+def test_the_final_check_fits_in_the_budget_as_long_as_the_trials_say_it_takes(tmp_path):
+    """The final check (9 rounds, 4 views with a reference) takes 2.4 search trials here, more than the first
+    guess of 30 s: the search stops early enough for it, so the whole run ends within the budget."""
+    measure = FakeMeasure(FACTORS, BASE, cost=20.0)
+    result = run(measure, tmp_path, budget_s=100.0, reference={"optimized": {}})
+    assert result["final"] is not None and result["seconds"] <= 100.0
+    assert len(measure.calls) == 3  # two candidates, then the final check
 
 
 def test_ctrl_c_keeps_the_best_found_so_far_and_still_checks_it(tmp_path):

@@ -266,6 +266,7 @@ def search(
     rounds: int,
     deadline: float,
     first_guess_s: float,
+    reserve: Callable[[float], float] = lambda per_trial_s: 0.0,
     vet: Callable[[dict, dict], str | None] | None = None,
     base: dict | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -275,7 +276,8 @@ def search(
     """Greedy coordinate search: each candidate against the current best, kept by `judge`.
 
     Stops when every candidate was tried, when the next one would not finish before
-    `deadline` (on `clock`), or on Ctrl-C; the best found so far is returned in every case.
+    `deadline` (on `clock`) less `reserve(seconds a trial takes)` (the final check, which
+    takes as long as some trials), or on Ctrl-C; the best found so far is returned in every case.
     `base` holds the config's own values, for the log. The progress bar shows on a terminal;
     every measured candidate also prints one line with the same progress and estimate.
     """
@@ -295,7 +297,7 @@ def search(
 
     def estimate(done: int) -> str:
         per = statistics.mean(durations) if durations else first_guess_s
-        left = min(max(0.0, deadline - clock()), (total - done) * per)
+        left = min(max(0.0, deadline - reserve(per) - clock()), (total - done) * per)
         rate = f"best {best_rate:,.0f} ex/s, " if best_rate else ""
         return f"{rate}about {left / 60:.1f} min of search left"
 
@@ -323,7 +325,7 @@ def search(
                 reason = vet(best, candidate) if vet else None
             if reason is None:
                 expected = statistics.mean(durations) if durations else first_guess_s
-                if clock() + expected > deadline:
+                if clock() + expected + reserve(expected) > deadline:
                     stopped = "budget"
                     break
                 began_trial = clock()
@@ -464,8 +466,13 @@ def run(
         knobs,
         measure,
         rounds=rounds,
-        deadline=deadline - final_guess_s,
+        deadline=deadline,
         first_guess_s=first_guess_s,
+        # A search trial measures 3 views for `rounds` rounds; the final check 3 + one per reference for
+        # `final_rounds`: scaled from the trials as measured (a first guess from the warm-up fell 70 s short).
+        reserve=lambda per_trial_s: max(
+            final_guess_s, per_trial_s * final_rounds * (3 + len(reference or {})) / (3 * rounds)
+        ),
         vet=vet,
         base=base,
         clock=clock,
