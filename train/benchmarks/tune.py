@@ -324,8 +324,10 @@ def search(
             else:
                 reason = vet(best, candidate) if vet else None
             if reason is None:
-                expected = statistics.mean(durations) if durations else first_guess_s
-                if clock() + expected + reserve(expected) > deadline:
+                # The longest trial so far, not the mean: trials that build a cache take twice as long as others.
+                longest = max(durations) if durations else first_guess_s
+                mean = statistics.mean(durations) if durations else first_guess_s
+                if clock() + longest + reserve(mean) > deadline:
                     stopped = "budget"
                     break
                 began_trial = clock()
@@ -445,6 +447,7 @@ def run(
     first_guess_s: float,
     final_guess_s: float,
     facts: dict,
+    prepare_s: float = 0.0,
     vet: Callable[[dict, dict], str | None] | None = None,
     reference: dict | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -469,9 +472,12 @@ def run(
         deadline=deadline,
         first_guess_s=first_guess_s,
         # A search trial measures 3 views for `rounds` rounds; the final check 3 + one per reference for
-        # `final_rounds`: scaled from the trials as measured (a first guess from the warm-up fell 70 s short).
+        # `final_rounds`, after building the start and each reference again: scaled from the trials as
+        # measured (a first guess from the warm-up fell 45 s short).
         reserve=lambda per_trial_s: max(
-            final_guess_s, per_trial_s * final_rounds * (3 + len(reference or {})) / (3 * rounds)
+            final_guess_s,
+            (1 + len(reference or {})) * prepare_s
+            + per_trial_s * final_rounds * (3 + len(reference or {})) / (3 * rounds),
         ),
         vet=vet,
         base=base,
@@ -904,6 +910,7 @@ def main(args) -> int:
         final_rounds=args.final_trials,
         first_guess_s=prepare_s + args.trials * per_round,
         final_guess_s=(1 + len(reference)) * prepare_s + args.final_trials * per_round * (3 + len(reference)) / 3,
+        prepare_s=prepare_s,
         facts=facts,
         vet=vet,
         reference=reference or None,
