@@ -30,7 +30,9 @@ def scalar_tags(folder: Path) -> set[str]:
     return tags
 
 
-@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+@pytest.mark.parametrize(  # the optimized preset in the fast tests (it has the most knobs on); all in `make test`
+    "preset", [pytest.param(p, marks=[] if p.stem == "optimized" else [pytest.mark.slow], id=p.stem) for p in PRESETS]
+)
 def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
     cfg = config.load(preset, tiny_sets + QUICK + ["model.width=8"])
     summary = fit_loop.run(cfg, config_path=str(preset), log=lambda message: None)
