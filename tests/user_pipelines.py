@@ -227,6 +227,7 @@ def cache_after_augmentation(files):
         image = tf.image.random_flip_left_right(image)
         image = tf.image.random_brightness(image, 0.2)
         image = tf.image.random_contrast(image, 0.8, 1.2)
+        image = tf.image.random_saturation(image, 0.8, 1.2)  # colour jitter, as most users' augmentation has
         image = tf.image.resize(image, (SIZE + 8, SIZE + 8))
         image = tf.image.random_crop(image, (SIZE, SIZE, 3))
         return tf.cast(tf.clip_by_value(image, 0, 1) * 255, tf.uint8), label
