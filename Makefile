@@ -87,7 +87,7 @@ diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (L
 tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (PORT=)
 	$(PY) -m train tensorboard --logdir runs --port $(PORT) $(ARGS)
 
-test: setup ## Run the whole test suite (CPU tests on tiny generated data, about 6 minutes)
+test: setup ## Run the whole test suite (CPU tests on tiny generated data, about 10 minutes on 2 cores)
 	$(PY) -m pytest $(ARGS)
 
 test-fast: setup ## Run the tests not marked slow (under 2 minutes)
