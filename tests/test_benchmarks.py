@@ -11,7 +11,7 @@ import yaml
 
 from tests.conftest import ROOT, data_sets, run_cli
 from train.benchmarks import ladder
-from train.errors import UserError
+from train.core.errors import UserError
 
 
 def sets(tiny_data_dir, *extra):
@@ -86,7 +86,7 @@ def test_ladder_turns_on_one_technique_per_rung(tiny_data_dir, tmp_path):
         assert row["gain"] > 0 and row["gain_range"][0] <= row["gain"] <= row["gain_range"][1]
         assert row["kept"] == (rung.get("keep", "always") == "always" or row["gain"] > 1.0)
         # xprof finds no step markers inside a multi-step execution; the analysis then infers the steps
-        # (train/measure/step_windows.py), so every rung has an input share
+        # (train/diagnose/step_windows.py), so every rung has an input share
         assert row["input_bound_percent"] is not None
     by_name = {row["name"]: row for row in report["rungs"]}
     assert by_name["larger batch"]["batch_size"] == 256

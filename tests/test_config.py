@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from train import config
-from train.errors import UserError
+from train.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "configs").glob("*.yaml"))

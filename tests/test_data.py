@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from train import config, sources
-from train.errors import UserError
-from train.input import records
+from train.core.errors import UserError
+from train.shards import records
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from tests.conftest import run_cli
 from train import models
-from train.errors import UserError
-from train.measure import diagnose
+from train.core.errors import UserError
+from train.diagnose import report as diagnose
 from train.measure.profiling import StepTraceProfiler
 
 

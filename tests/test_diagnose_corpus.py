@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from tests import user_pipelines
-from train.measure import diagnose
+from train.diagnose import report as diagnose
 
 PLANTED = {  # case -> the cause the first recommendation must name
     "generator_python_decode": "python-generator",

@@ -76,7 +76,7 @@ def test_rerun_replaces_the_previous_run(tiny_sets):
 
 
 def test_batch_larger_than_the_dataset_is_a_clear_error(tiny_sets):
-    from train.errors import UserError
+    from train.core.errors import UserError
 
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + ["pipeline.batch_size=512"])
     with pytest.raises(UserError, match=r"batch_size \(512\) is larger than the training split"):

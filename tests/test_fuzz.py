@@ -16,7 +16,7 @@ import yaml
 
 from tests.conftest import ROOT, data_sets, run_cli
 from train import config
-from train.errors import UserError
+from train.core.errors import UserError
 
 SHARD_CASES = 8
 CONFIG_CASES = 300

@@ -32,7 +32,7 @@ import pytest
 from tests.conftest import ROOT, data_sets
 from tests.test_reliability import run_to_end, stop_after_first_epoch
 from train import config
-from train.errors import Stopped
+from train.core.errors import Stopped
 from train.training import checkpoint, fit_loop
 from train.training import setup as setup_lib
 

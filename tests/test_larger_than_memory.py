@@ -86,7 +86,7 @@ def test_dct_scaled_decode_gives_the_output_size_and_nearly_the_resized_pixels(t
 
 
 def test_an_output_size_larger_than_the_stored_images_is_a_clear_error(tiny_spec):
-    from train.errors import UserError
+    from train.core.errors import UserError
 
     with pytest.raises(UserError, match=r"pipeline.output_size 64 is larger than the stored images .*32x32"):
         pipeline.image_shape(tiny_spec, knobs(output_size=64))

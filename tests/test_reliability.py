@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from tests.conftest import ROOT, TINY_DATA, data_sets
 from train import config, models, sources
-from train.errors import UserError
-from train.input import records
+from train.core.errors import UserError
+from train.shards import records
 from train.training import checkpoint, fit_loop, guards
 
 QUICK = [

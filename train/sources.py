@@ -1,76 +1,25 @@
-"""Dataset sources: each ends as sharded TFRecords in the tensorflow-datasets layout.
+"""Where datasets come from: the built-in sources, and the place to add your own.
 
-`data.source` names a source as `scheme` or `scheme:argument`. A source knows where its
-built dataset lives under `data.data_dir` and how to build it there; `prepare` builds it
-once (a no-op when it is already there) and `locate` finds it for training, with a clear
-error naming the exact command when it is missing. Whatever the source, the result is a
-folder that `tfds.builder_from_directory` reads: `dataset_info.json` plus TFRecord shards
-of `{"image": encoded bytes, "label": int64}`, which is all the input pipeline needs.
+`data.source` names a source as `scheme` or `scheme:argument`: `synthetic` (the built-in shapes
+dataset), `imagefolder:PATH` (PATH/<class>/*.jpg) and `tfds:NAME` (any tensorflow-datasets image
+classification dataset) are registered below with `register_source`. Each ends as sharded
+TFRecords in the tensorflow-datasets layout (train/shards/): `prepare` builds a dataset once,
+`locate` finds it for training. Add a source the same way: a function that says where its built
+dataset lives and one that writes it there (train/shards/convert.py writes the records).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
-from train import files
 from train.config import DataConfig
-from train.errors import UserError, did_you_mean
+from train.core import files
+from train.core.errors import UserError, did_you_mean
+from train.shards.catalog import SOURCES, data_command, locate, prepare, register_source, remove_incomplete
+from train.shards.spec import DatasetSpec
 
-
-@dataclasses.dataclass(frozen=True)
-class DatasetSpec:
-    """What the pipeline and the model need to know about a built dataset."""
-
-    name: str
-    root: Path
-    train_files: tuple[str, ...]
-    val_files: tuple[str, ...]
-    num_train: int
-    num_val: int
-    class_names: tuple[str, ...]
-    image_shape: tuple[int, int, int]
-    encoding: str  # jpeg or png
-    shard_lengths: tuple[tuple[str, int], ...] = ()  # (file, number of records) from the dataset's metadata
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """How one scheme of `data.source` is located on disk and built."""
-
-    dataset_dir: Callable[[DataConfig, str], Path]
-    prepare: Callable[[DataConfig, str, Path], None]
-    describe: str
-
-
-SOURCES: dict[str, Source] = {}
-
-
-def register_source(scheme: str, *, describe: str, dataset_dir, prepare) -> None:
-    """Register a source for `data.source: scheme[:argument]`.
-
-    `dataset_dir(data_config, argument)` says where the built dataset lives and
-    `prepare(data_config, argument, target_dir)` writes it there in the tensorflow-datasets
-    layout (a TFDS builder's `download_and_prepare` does exactly that, atomically).
-    """
-    SOURCES[scheme] = Source(dataset_dir=dataset_dir, prepare=prepare, describe=describe)
-
-
-def _split_source(source: str) -> tuple[str, Source, str]:
-    scheme, _, argument = source.partition(":")
-    if scheme not in SOURCES:
-        raise UserError(
-            f"Unknown data.source '{source}': scheme '{scheme}' is not registered.{did_you_mean(scheme, SOURCES)} "
-            f"Known sources: {'; '.join(s.describe for s in SOURCES.values())}."
-        )
-    return scheme, SOURCES[scheme], argument
+__all__ = ["SOURCES", "DatasetSpec", "data_command", "locate", "prepare", "register_source", "remove_incomplete"]
 
 
 def _builtin(package: str):
@@ -194,7 +143,7 @@ def _imagefolder_dir(data: DataConfig, argument: str) -> Path:
 
 
 def _imagefolder_prepare(data: DataConfig, argument: str, target: Path) -> None:
-    from train.input import convert
+    from train.shards import convert
 
     listing = imagefolder_listing(argument, data.val_fraction)
     # Prefixed, so a folder named like a TFDS catalog dataset (mnist, ...) is never taken for it.
@@ -237,7 +186,7 @@ def _tfds_dir(data: DataConfig, argument: str) -> Path:
 def _tfds_prepare(data: DataConfig, argument: str, target: Path) -> None:
     import tensorflow_datasets as tfds
 
-    from train.input import convert
+    from train.shards import convert
 
     builder = tfds.builder(_tfds_name(argument), data_dir=str(Path(data.data_dir) / "tfds-downloads"))
     builder.download_and_prepare()
@@ -256,10 +205,6 @@ def _tfds_prepare(data: DataConfig, argument: str, target: Path) -> None:
     writer.finish(names, data.image_size, f"Converted from tensorflow-datasets '{argument}'.")
 
 
-def _is_built(directory: Path) -> bool:
-    return (directory / "dataset_info.json").is_file()
-
-
 register_source(
     "imagefolder",
     describe="imagefolder:PATH (PATH/<class>/*.jpg)",
@@ -272,87 +217,3 @@ register_source(
     dataset_dir=_tfds_dir,
     prepare=_tfds_prepare,
 )
-
-
-def remove_incomplete(directory: Path) -> list[Path]:
-    """Delete what an interrupted build left beside `directory` (tensorflow-datasets writes into
-    an `incomplete.*` folder and renames it when the build is complete)."""
-    leftovers = sorted(directory.parent.glob("incomplete.*")) if directory.parent.is_dir() else []
-    for leftover in leftovers:
-        shutil.rmtree(leftover, ignore_errors=True)
-    return leftovers
-
-
-def prepare(data: DataConfig) -> tuple[DatasetSpec, bool]:
-    """Build the dataset unless it is already there. Returns (spec, built_now)."""
-    _, source, argument = _split_source(data.source)
-    directory = source.dataset_dir(data, argument)
-    if _is_built(directory):
-        return _read_spec(directory), False
-    for leftover in remove_incomplete(directory):
-        print(f"Removed the leftovers of an interrupted build: {leftover}", flush=True)
-    source.prepare(data, argument, directory)
-    if not _is_built(directory):
-        raise UserError(f"Building data.source '{data.source}' finished but wrote no dataset to {directory}.")
-    return _read_spec(directory), True
-
-
-def locate(data: DataConfig, build_hint: str = "make data") -> DatasetSpec:
-    """The built dataset for `data`, or a UserError with the command that builds it."""
-    _, source, argument = _split_source(data.source)
-    directory = source.dataset_dir(data, argument)
-    if not _is_built(directory):
-        raise UserError(
-            f"The dataset for data.source '{data.source}' is not built: {directory} does not exist. "
-            f"Build it once with: {build_hint}"
-        )
-    return _read_spec(directory)
-
-
-def data_command(config_path: str | None, overlays: list[str] = (), overrides: list[str] = ()) -> str:
-    """The command that builds the dataset a config (with these overlays and overrides) trains on."""
-    from train import config as config_lib
-
-    data_sets = [o for o in overrides if o.startswith("data.")]
-    try:
-        wanted = config_lib.load(config_path, data_sets, layers=overlays).data
-        if wanted == config_lib.load(files.project_file("configs/base.yaml")).data:
-            return "make data"
-    except UserError:
-        pass
-    parts = ["python -m train data"]
-    if config_path:
-        parts.append(f"--config {config_path}")
-    parts += [f"--overlay {o}" for o in overlays] + [f"--set {o}" for o in data_sets]
-    return " ".join(parts)
-
-
-def _read_spec(directory: Path) -> DatasetSpec:
-    import tensorflow_datasets as tfds
-
-    builder = tfds.builder_from_directory(os.fspath(directory))
-    info = builder.info
-    image, label = info.features["image"], info.features["label"]
-    if "validation" in info.splits:
-        val_split = "validation"
-    elif "test" in info.splits:
-        val_split = "test"
-    else:
-        raise UserError(f"Dataset in {directory} has no 'validation' or 'test' split; its splits: {list(info.splits)}.")
-    train, val = info.splits["train"], info.splits[val_split]
-    return DatasetSpec(
-        name=info.name,
-        root=directory,
-        train_files=tuple(os.fspath(p) for p in train.filepaths),
-        val_files=tuple(os.fspath(p) for p in val.filepaths),
-        num_train=train.num_examples,
-        num_val=val.num_examples,
-        class_names=tuple(label.names),
-        image_shape=tuple(image.shape),
-        encoding=image.encoding_format or "png",  # TFDS stores images as PNG unless told otherwise
-        shard_lengths=tuple(
-            (os.fspath(path), int(length))
-            for split in (train, val)
-            for path, length in zip(split.filepaths, split.shard_lengths)
-        ),
-    )

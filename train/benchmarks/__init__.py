@@ -1,1 +1,1 @@
-"""Interleaved trials and the commands built on them: compare, bench, ladder, sweep-batch."""
+"""Interleaved trials and the commands built on them: compare, bench, ladder, sweep-batch, tune."""

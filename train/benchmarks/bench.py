@@ -14,9 +14,9 @@ import resource
 import statistics
 from pathlib import Path
 
-from train import files
-from train.benchmarks import scenario as scenario_lib
+from train import scenario as scenario_lib
 from train.benchmarks import trials
+from train.core import files
 from train.input import service
 
 
@@ -90,7 +90,7 @@ def main(args) -> int:
         name: scenario.load(path, args.overrides, name=name)
         for name, path in (("naive", args.naive), ("optimized", args.optimized))
     }
-    spec, found = scenario_lib.begin(scenario, list(configs.values()), out)
+    spec, found = trials.begin(scenario, list(configs.values()), out)
     print(
         f"Device: {found.describe()}. {args.trials} interleaved trials of >= {args.seconds:g} s per variant, "
         "after warm-up.",

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from train.benchmarks import report
-from train.benchmarks import scenario as scenario_lib
-from train.errors import Stopped, UserError
+from train import scenario as scenario_lib
+from train.benchmarks import report, trials
+from train.core.errors import Stopped, UserError
 
 
 def fit_in_subprocess(config_path: str, overlays: list[str], overrides: list[str]) -> None:
@@ -60,7 +60,7 @@ def main(args) -> int:
             f"they differ in {'data' if naive.data != optimized.data else 'model'}. "
             "Put data and model in the shared base preset (configs/base.yaml)."
         )
-    scenario_lib.begin(scenario, [optimized])
+    trials.begin(scenario, [optimized])
 
     summaries = {}
     for name, path in presets.items():

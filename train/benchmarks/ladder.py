@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from train import files
-from train.benchmarks import scenario as scenario_lib
+from train import scenario as scenario_lib
 from train.benchmarks import trials
-from train.errors import UserError
+from train.core import files
+from train.core.errors import UserError
 
 RUNG_KEYS = {"name", "why", "set", "keep", "needs_devices"}
 
@@ -88,7 +88,7 @@ def main(args) -> int:
         cumulative += _overrides(rung["set"])
         configs.append(config_for(rung["name"], cumulative))
     out = Path(args.out)
-    spec, found = scenario_lib.begin(scenario, configs, out, clean=True)
+    spec, found = trials.begin(scenario, configs, out, clean=True)
     print(
         f"Device: {found.describe()}. Each rung: {args.trials} paired trials of >= {args.seconds:g} s "
         "against the rung kept before it, after warm-up.",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train import files
+from train.core import files
 
 FIELDS = (
     "examples_per_sec",

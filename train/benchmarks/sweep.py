@@ -12,9 +12,9 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from train import files
-from train.benchmarks import scenario as scenario_lib
+from train import scenario as scenario_lib
 from train.benchmarks import trials
+from train.core import files
 from train.measure.monitor import Sampler
 from train.training import setup
 
@@ -29,7 +29,7 @@ def main(args) -> int:
     scenario = scenario_lib.resolve(args.scenario)
     base = scenario.load(args.optimized, args.overrides, name="sweep")
     out = Path(args.out)
-    spec, found = scenario_lib.begin(scenario, [base], out, clean=True)
+    spec, found = trials.begin(scenario, [base], out, clean=True)
     sizes, size = [], args.min
     while size <= args.max:
         sizes.append(size)

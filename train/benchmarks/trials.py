@@ -10,6 +10,7 @@ are measured in turns (A B C, B C A, ...) so slow drifts of a shared machine hit
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -17,10 +18,12 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from train import scenario as scenario_lib
+from train import sources
 from train.config import Config
+from train.diagnose import analysis
 from train.input import pipeline
-from train.measure import analysis
-from train.sources import DatasetSpec
+from train.shards.spec import DatasetSpec
 from train.training import devices, setup
 
 PREROLL_S = 0.25  # untimed steps before each trial ...
@@ -235,3 +238,24 @@ def interleaved(
 def paired_ratios(numerator: Variant, denominator: Variant) -> list[float]:
     """Per-round ratios (both measured in the same round), robust to drift across rounds."""
     return [a / b for a, b in zip(numerator.samples, denominator.samples) if b]
+
+
+def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | None = None, clean: bool = False):
+    """Say which scenario runs, build the dataset, set the devices up; returns (spec, found devices).
+
+    TensorFlow fixes its devices at first use, so a CPU split for mirrored variants
+    (train.cpu_replicas) happens here, before any variant is built.
+    """
+    print(scenario.why + ".", flush=True)
+    spec, built = sources.prepare(configs[0].data)
+    if built:
+        print(f"Built the dataset at {spec.root}.", flush=True)
+    mirrored = [cfg.train.cpu_replicas for cfg in configs if cfg.train.strategy == "mirrored"]
+    if mirrored and max(mirrored) > 1 and not scenario_lib.has_gpu():
+        devices.split_cpu(max(mirrored))
+    found = devices.detect()
+    if out is not None:
+        if clean and out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+    return spec, found

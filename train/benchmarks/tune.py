@@ -41,8 +41,8 @@ from typing import Any, Protocol
 import yaml
 
 from train import config as config_lib
-from train import files
-from train.errors import UserError
+from train.core import files
+from train.core.errors import UserError
 
 MIN_GAIN = 0.03  # a change must buy at least 3 %, even on a quiet machine
 MIN_CALLS = 6  # a trial lasts --seconds and at least this many executions (slow pipelines: longer trials)
@@ -802,7 +802,7 @@ def _get(cfg, key: str):
 
 
 def main(args) -> int:
-    from train.benchmarks import scenario as scenario_lib
+    from train import scenario as scenario_lib
     from train.benchmarks import trials
     from train.input import pipeline
     from train.training import setup
@@ -825,7 +825,7 @@ def main(args) -> int:
         except UserError as error:
             raise UserError(f"{tuned_path} does not fit this config: {error} Delete it or pass --fresh.") from None
     out = Path(args.out)
-    spec, found = scenario_lib.begin(scenario, [base_cfg], out, clean=True)
+    spec, found = trials.begin(scenario, [base_cfg], out, clean=True)
     start_cfg = load(start)
     replicas = setup.plan(start_cfg, found, spec).replicas
     knobs = plan(start_cfg, spec, found, replicas=replicas, batch=args.batch, only=args.only)

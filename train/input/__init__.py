@@ -1,1 +1,1 @@
-"""From built shards to batches: TFRecord framing, the one pipeline builder, augmentation, the tf.data service."""
+"""From built shards to batches: the one pipeline builder, augmentation, the tf.data service."""

@@ -38,15 +38,12 @@ import numpy as np
 import tensorflow as tf
 
 from train.config import PipelineConfig
-from train.errors import UserError
-from train.input import augment, records
-from train.sources import DatasetSpec
+from train.core.errors import UserError
+from train.input import augment
+from train.shards import records
+from train.shards.spec import DatasetSpec
 
 AUTOTUNE = tf.data.AUTOTUNE
-
-# PIL decodes with libjpeg's accurate integer DCT; asking TensorFlow for the same makes
-# both readers produce identical pixels, so the two presets really yield the same examples.
-JPEG_DCT_METHOD = "INTEGER_ACCURATE"
 
 
 def _auto(value: int | str) -> int:
@@ -195,26 +192,16 @@ def decoder(spec: DatasetSpec, knobs: PipelineConfig, training: bool):
                 )
             return to_size(image)
         if not resize:
-            return decode_image(encoded, spec)
+            return records.decode_image(encoded, spec)
         if jpeg and knobs.scaled_decode:
             ratio = decode_ratio(min(spec.image_shape[:2]), shape[0])
             image = tf.io.decode_jpeg(encoded, channels=shape[2], ratio=ratio)
             # libjpeg rounds the scaled size up (a 99 px image at 1/2 is 50 px)
             image.set_shape([-(-spec.image_shape[0] // ratio), -(-spec.image_shape[1] // ratio), shape[2]])
             return to_size(image)
-        return to_size(decode_image(encoded, spec))
+        return to_size(records.decode_image(encoded, spec))
 
     return decode
-
-
-def decode_image(encoded, spec: DatasetSpec):
-    """Bytes -> uint8 [H, W, C] at the stored size, with a static shape."""
-    if spec.encoding == "jpeg":
-        image = tf.io.decode_jpeg(encoded, channels=spec.image_shape[2], dct_method=JPEG_DCT_METHOD)
-    else:
-        image = tf.io.decode_image(encoded, channels=spec.image_shape[2], expand_animations=False)
-    image.set_shape(spec.image_shape)
-    return image
 
 
 def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bool, seed: int) -> tf.data.Dataset:

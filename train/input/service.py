@@ -19,7 +19,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from train.quiet import import_tensorflow
+from train.core.quiet import import_tensorflow
 
 LISTEN_WARNING = (
     "note: tf.data service servers listen on all interfaces (TensorFlow has no bind-address option); "

@@ -20,7 +20,7 @@ from pathlib import Path
 import keras
 import psutil
 
-from train import files
+from train.core import files
 
 GPM_METRICS = (  # (key in a sample, the metric's name in nvidia-ml-py)
     ("sm_activity_percent", "NVML_GPM_METRIC_SM_UTIL"),

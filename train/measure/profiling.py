@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from train.measure.steps import StepCallback
+from train.core.steps import StepCallback
 
 
 class StepTraceProfiler(StepCallback):

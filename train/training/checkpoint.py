@@ -23,7 +23,7 @@ from pathlib import Path
 
 import keras
 
-from train.measure.steps import StepCallback
+from train.core.steps import StepCallback
 
 STATE = "state.json"
 WEIGHTS = "state.weights.h5"

@@ -15,7 +15,7 @@ import platform
 import tensorflow as tf
 
 from train.config import TrainConfig
-from train.errors import UserError
+from train.core.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

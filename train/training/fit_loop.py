@@ -12,9 +12,9 @@ import time
 import keras
 import tensorflow as tf
 
-from train import files
 from train.config import Config
-from train.errors import Stopped
+from train.core import files
+from train.core.errors import Stopped
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.profiling import StepTraceProfiler
 from train.measure.throughput import StepTimer

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import keras
 
-from train.errors import Stopped, UserError
-from train.measure.steps import StepCallback
+from train.core.errors import Stopped, UserError
+from train.core.steps import StepCallback
 
 
 class NanGuard(StepCallback):

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from train.errors import UserError
+from train.core.errors import UserError
 
 
 def free_ports(count: int) -> list[int]:

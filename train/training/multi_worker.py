@@ -21,8 +21,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train import files, models
-from train.errors import RunFailed, UserError
+from train import models
+from train.core import files
+from train.core.errors import RunFailed, UserError
 from train.measure.throughput import StepTimer
 from train.training import checkpoint, guards
 from train.training import setup as setup_lib

@@ -33,10 +33,12 @@ import numpy as np
 import tensorflow as tf
 
 from train import config as config_lib
-from train import files, models, sources
+from train import models, sources
 from train.config import Config
-from train.errors import UserError
-from train.input import augment, integrity, pipeline
+from train.core import files
+from train.core.errors import UserError
+from train.input import augment, pipeline
+from train.shards import integrity
 from train.training import checkpoint, devices
 
 RUN_OUTPUTS = (
@@ -469,7 +471,7 @@ def finish(setup: RunSetup, model: keras.Model, result: dict, log=print) -> dict
 
 def _profile_figures(run_dir: Path) -> dict:
     """The profiler's view of the run: input-bound share, device busy share, slow stages."""
-    from train.measure import analysis
+    from train.diagnose import analysis
 
     try:
         profile = analysis.analyze_run(run_dir)

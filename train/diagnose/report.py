@@ -10,7 +10,7 @@ converter, no TensorFlow import), never the code or a config, to name the cause:
 - The verdict: 20 % or more of step time waiting for input is input-bound (xprof's own
   threshold). Otherwise the step is device-bound when the accelerator (or, in a CPU-only
   profile, the CPU) computes most of it, host-bound when per-step overhead does.
-- Recommendations name the cause the profile shows (train/measure/causes.py for the input
+- Recommendations name the cause the profile shows (train/diagnose/causes.py for the input
   pipeline, the device and host causes below), each with this profile's figures, the step
   time its fix removes and the estimated gain. A cause that changes what is learned ranks
   first, then the most step time removed.
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from train.errors import UserError
-from train.measure import analysis, causes
+from train.core.errors import UserError
+from train.diagnose import analysis, causes
 
 UNMEASURED = 4
 

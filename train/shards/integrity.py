@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from train.input import records
-from train.sources import DatasetSpec
+from train.shards import records
+from train.shards.spec import DatasetSpec
 
 
 @dataclasses.dataclass
@@ -35,8 +35,6 @@ class ShardScan:
 def scan_shard(path: str, spec: DatasetSpec) -> ShardScan:
     import tensorflow as tf
 
-    from train.input.pipeline import decode_image
-
     good, problems = [], []
     for index, item in records.read_records(path):
         if isinstance(item, records.CorruptRecord):
@@ -44,7 +42,7 @@ def scan_shard(path: str, spec: DatasetSpec) -> ShardScan:
             continue
         try:
             encoded, _ = records.parse_example(item)
-            decode_image(tf.constant(encoded), spec)
+            records.decode_image(tf.constant(encoded), spec)
         except ValueError as error:
             problems.append(Problem(path, index, str(error)))
             continue

@@ -14,6 +14,12 @@ from collections.abc import Iterator
 
 import google_crc32c
 
+from train.shards.spec import DatasetSpec
+
+# PIL decodes with libjpeg's accurate integer DCT; asking TensorFlow for the same makes
+# both readers produce identical pixels, so the two presets really yield the same examples.
+JPEG_DCT_METHOD = "INTEGER_ACCURATE"
+
 
 class CorruptRecord(ValueError):
     """A record that cannot be read: names the shard, the record index and what is wrong."""
@@ -98,3 +104,15 @@ def parse_example(payload: bytes) -> tuple[bytes, int]:
         return features["image"].bytes_list.value[0], int(features["label"].int64_list.value[0])
     except (DecodeError, IndexError, KeyError) as error:
         raise ValueError(f"not an image/label tf.train.Example ({type(error).__name__})") from None
+
+
+def decode_image(encoded, spec: DatasetSpec):
+    """Bytes -> uint8 [H, W, C] at the stored size, with a static shape."""
+    import tensorflow as tf
+
+    if spec.encoding == "jpeg":
+        image = tf.io.decode_jpeg(encoded, channels=spec.image_shape[2], dct_method=JPEG_DCT_METHOD)
+    else:
+        image = tf.io.decode_image(encoded, channels=spec.image_shape[2], expand_animations=False)
+    image.set_shape(spec.image_shape)
+    return image

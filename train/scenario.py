@@ -1,6 +1,6 @@
-"""What every benchmark command does first: pick the scenario, load its configs, build the data.
+"""The scenario: an overlay applied to every variant of a comparison and to the data it builds.
 
-A scenario is an overlay applied to every variant of a comparison (configs/scenarios/). On a
+Scenarios live in configs/scenarios/; `make data`, the benchmarks and `make tune` take one by name. On a
 machine without a GPU the CPU scenario stands in for a fast accelerator: a tiny model, so the
 input pipeline, not the model, limits throughput, as it does on a GPU.
 """
@@ -8,13 +8,12 @@ input pipeline, not the model, limits throughput, as it does on a GPU.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 from train import config as config_lib
-from train import files, sources
 from train.config import Config
-from train.errors import UserError
+from train.core import files
+from train.core.errors import UserError
 
 CPU_SCENARIO = "configs/scenarios/cpu.yaml"
 
@@ -62,26 +61,3 @@ def resolve(choice: str) -> Scenario:
             "input pipeline, not the model, limits throughput, as it does on an accelerator)"
         ),
     )
-
-
-def begin(scenario: Scenario, configs: list[Config], out: Path | None = None, clean: bool = False):
-    """Say which scenario runs, build the dataset, set the devices up; returns (spec, found devices).
-
-    TensorFlow fixes its devices at first use, so a CPU split for mirrored variants
-    (train.cpu_replicas) happens here, before any variant is built.
-    """
-    from train.training import devices
-
-    print(scenario.why + ".", flush=True)
-    spec, built = sources.prepare(configs[0].data)
-    if built:
-        print(f"Built the dataset at {spec.root}.", flush=True)
-    mirrored = [cfg.train.cpu_replicas for cfg in configs if cfg.train.strategy == "mirrored"]
-    if mirrored and max(mirrored) > 1 and not has_gpu():
-        devices.split_cpu(max(mirrored))
-    found = devices.detect()
-    if out is not None:
-        if clean and out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
-    return spec, found

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.measure.hosttrace import Event, HostTrace
+from train.diagnose.hosttrace import Event, HostTrace
 
 MARKERS = "step markers"
 PROFILED_BATCH = "Profiled batch events of the Keras TensorBoard callback"

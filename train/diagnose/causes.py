@@ -1,4 +1,4 @@
-"""Input-pipeline causes read from one profile's input-wait analysis (train/measure/input_wait.py).
+"""Input-pipeline causes read from one profile's input-wait analysis (train/diagnose/input_wait.py).
 
 Each recommendation names one cause the profile shows, with this profile's figures, the step
 time its fix would remove and the estimated gain: step time / (step time - time removed),
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from train.measure import input_wait as iw
+from train.diagnose import input_wait as iw
 
 MIN_GAIN = 1.05  # leave out fixes that would gain less than this (a share of step time, not a duration)
 TARGET_BATCH = 256

@@ -1,7 +1,7 @@
 """Which tf.data stage the training step waits for, and what that stage spends its time on.
 
-Read from one profile's host trace (train/measure/hosttrace.py) and its steps
-(train/measure/step_windows.py), after the tf.data bottleneck analysis TensorFlow's profiler
+Read from one profile's host trace (train/diagnose/hosttrace.py) and its steps
+(train/diagnose/step_windows.py), after the tf.data bottleneck analysis TensorFlow's profiler
 once shipped, rebuilt on what xprof 2.24 exposes and changed where that one misled:
 
 - The consumer waits while `IteratorGetNextOp::DoCompute` runs inside a step: that is the
@@ -30,8 +30,8 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from train.measure.hosttrace import Event, HostTrace
-from train.measure.step_windows import Steps
+from train.diagnose.hosttrace import Event, HostTrace
+from train.diagnose.step_windows import Steps
 
 GET_NEXT = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute")
 FUNCTION_CALL = "InstantiatedCapturedFunction::"

@@ -3,7 +3,7 @@
 For every run with a profile: the step breakdown (step time, waiting for input, host
 compute, device compute, other), the share of step time spent waiting for input, the
 device busy share where a device exists, and the tf.data stages that made the step wait
-(train/measure/input_wait.py). Steps come from step markers, or are inferred from the host
+(train/diagnose/input_wait.py). Steps come from step markers, or are inferred from the host
 trace where the profile has none (the stock Keras TensorBoard callback): then xprof reports
 no step time, and the figures here come from the trace alone, labelled inferred.
 xprof's JSON is a list of gviz tables whose order changes between versions, so tables
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.measure import hosttrace, input_wait, step_windows
-from train.measure.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
+from train.diagnose import hosttrace, input_wait, step_windows
+from train.diagnose.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
 
 STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
     "step_time_ms": "steptime_ms_average",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from train.errors import UserError
+from train.core.errors import UserError
 
 QUIET = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
