@@ -427,8 +427,8 @@ def multi_worker_generator(files, steps=40, workers=2):
             sock.close()
         children = []
         for index in range(workers):
-            env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
-            children.append(subprocess.Popen([sys.executable, *sys.argv], env=env))
+            config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            children.append(subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "TF_CONFIG": config}))
         try:
             codes = [child.wait(timeout=300) for child in children]
         finally:
@@ -492,7 +492,7 @@ def run_script(case: str, root: Path, steps: int | None = None, times: str | Non
     callbacks = []
     if times:  # the user's own timing: when each step ended (the overhead benchmark compares these)
         ended = []
-        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ended.append(time.time())))
+        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_: ended.append(time.time())))
     model.fit(dataset, verbose=0, callbacks=callbacks, **fit_args)
     if times:
         import json

@@ -182,7 +182,7 @@ def _profile_parsers(commands) -> None:
     profile = commands.add_parser(
         "profile", help="run your own training script with the profiler injected (no code change), then diagnose it"
     )
-    profile.add_argument("--logdir", help="where the profile and utilization go (default: runs/profile/<script>-<time>)")
+    profile.add_argument("--logdir", help="the profile and utilization go here (default: runs/profile/<script>-<time>)")
     window = profile.add_mutually_exclusive_group()
     window.add_argument(
         "--steps",

@@ -259,8 +259,6 @@ def _stats(values: list[float]) -> dict | None:
     return {"mean": statistics.fmean(ordered), "p50": pick(0.5), "p95": pick(0.95), "max": ordered[-1]}
 
 
-
-
 class SampleWriter:
     """Appends a sampler's rows to one TensorBoard run as scalars, without TensorFlow.
 

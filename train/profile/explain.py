@@ -128,8 +128,8 @@ def _never_reached(command: str, ended: str, statuses: list[dict], failed: bool)
     if called:
         top = max(called, key=lambda c: c["calls"])
         return (
-            f"{command} {ended}: its most-called tf.function, `{top['function']}`, ran {top['calls']} time(s); a custom "
-            "loop is captured from its step function's 6th call on (--steps A-B to choose), so nothing was "
+            f"{command} {ended}: its most-called tf.function, `{top['function']}`, ran {top['calls']} time(s); a "
+            "custom loop is captured from its step function's 6th call on (--steps A-B to choose), so nothing was "
             f"captured. {_suggest(top['calls'])}"
         )
     took = max(s.get("tensorflow_at", 0) for s in statuses) - min(s["started_at"] for s in statuses)

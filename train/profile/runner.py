@@ -96,7 +96,8 @@ def prepare_logdir(logdir: Path) -> Path:
     if logdir.exists() and (not logdir.is_dir() or any(logdir.iterdir())):
         raise UserError(
             f"--logdir {logdir} already holds files: a profile left there by an earlier run would be diagnosed with "
-            "this one. Choose a new folder (without --logdir, profile makes runs/profile/<script>-<time>), or remove it."
+            "this one. Choose a new folder (without --logdir, profile makes runs/profile/<script>-<time>) or remove "
+            "it."
         )
     logdir.mkdir(parents=True, exist_ok=True)
     return logdir.resolve()

@@ -46,5 +46,5 @@ if __name__ == "sitecustomize":  # only as Python's start-up hook, never when im
     try:
         _load_capture()
     except Exception as error:  # never stop the user's script: report and run it without the capture
-        print(f"profile: the capture could not be set up in this process ({type(error).__name__}: {error})", file=sys.stderr)
+        print(f"profile: no capture in this process ({type(error).__name__}: {error})", file=sys.stderr)
     _chain()
