@@ -68,8 +68,8 @@ def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) ->
     board = f"{_prog()} tensorboard --logdir {shown}"
     if not any(logdir.rglob("*.xplane.pb")):
         paragraph, status = explain.nothing_captured(child)
-        document = {"logdir": str(shown), "runs": {}, "error": paragraph, "capture": about, "utilization": usage}
-        files.write_json(logdir / "profile.json", document)
+        document = {"logdir": None, "runs": {}, "error": paragraph, "capture": about, "utilization": usage}
+        runner.discard(logdir)
         if args.json:
             print(json.dumps(document, indent=2, default=str))
         print(f"error: {paragraph}", file=sys.stderr)
@@ -82,7 +82,7 @@ def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) ->
             fail_if_input_bound=args.fail_if_input_bound,
             allow_unmeasured=args.allow_unmeasured,
         )
-    result = json.loads(out.getvalue())
+    result = _loop_hints(json.loads(out.getvalue()), child)
     document = {**result, "logdir": str(shown), "capture": about, "utilization": usage, "tensorboard": board}
     files.write_json(logdir / "profile.json", document)
     if args.json:
@@ -100,6 +100,20 @@ def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) ->
         )
         return child.exit_status
     return status
+
+
+def _loop_hints(result: dict, child: runner.ChildRun) -> dict:
+    """A custom loop's steps are inferred by design: say how, instead of the analyser's advice to add markers."""
+    loops = {s["run"]: s for s in child.statuses if s.get("mode") == "custom-loop" and s.get("run")}
+    for run, item in result["runs"].items():
+        status = loops.get(run)
+        if status and item.get("how_to_capture"):
+            item["how_to_capture"] = (
+                f"A custom loop has no Keras batches to mark: its steps are the executions of "
+                f"`{(status.get('window') or {}).get('function')}`, its step function, each from one call to the next "
+                "(so fetching the next batch between calls counts as waiting for input)."
+            )
+    return result
 
 
 def _prog() -> str:

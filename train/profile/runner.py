@@ -92,7 +92,8 @@ def default_logdir(command: list[str]) -> Path:
 
 
 def prepare_logdir(logdir: Path) -> Path:
-    """A new or empty folder: a profile of an earlier run in it would be diagnosed with this one."""
+    """A new or empty folder: a profile of an earlier run in it would be diagnosed with this one.
+    A run that captures nothing leaves nothing there (discard)."""
     if logdir.exists() and (not logdir.is_dir() or any(logdir.iterdir())):
         raise UserError(
             f"--logdir {logdir} already holds files: a profile left there by an earlier run would be diagnosed with "
@@ -101,6 +102,18 @@ def prepare_logdir(logdir: Path) -> Path:
         )
     logdir.mkdir(parents=True, exist_ok=True)
     return logdir.resolve()
+
+
+def discard(logdir: Path) -> None:
+    """Remove what a run that captured nothing wrote there (the utilization of a run without a profile)."""
+    shutil.rmtree(logdir / "utilization", ignore_errors=True)
+    for leftover in (logdir / "profile.json",):
+        leftover.unlink(missing_ok=True)
+    for folder in sorted((p for p in logdir.rglob("*") if p.is_dir()), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    if logdir.is_dir() and not any(logdir.iterdir()):
+        logdir.rmdir()
 
 
 def child_env(logdir: Path, status_dir: str, steps, seconds, name: str) -> dict:
@@ -123,7 +136,8 @@ def run(command: list[str], logdir: Path, steps, seconds, json_mode: bool, name:
         started = time.time()
         try:
             child = subprocess.Popen(command, env=env, stdout=sys.stderr.fileno() if json_mode else None)
-        except (FileNotFoundError, PermissionError, OSError) as error:
+        except OSError as error:
+            discard(logdir)
             raise UserError(
                 f"Could not start `{command[0]}`: {error.strerror or error}. Give the command as you would run it "
                 "yourself, after --, e.g. python -m train profile -- python my_train.py --epochs 3."
