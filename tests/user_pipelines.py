@@ -492,7 +492,11 @@ def run_script(case: str, root: Path, steps: int | None = None, times: str | Non
     callbacks = []
     if times:  # the user's own timing: when each step ended (the overhead benchmark compares these)
         ended = []
-        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_: ended.append(time.time())))
+
+        def step_ended(batch, logs):
+            ended.append(time.time())
+
+        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=step_ended))
     model.fit(dataset, verbose=0, callbacks=callbacks, **fit_args)
     if times:
         import json
@@ -508,9 +512,15 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="train one corpus case as a user's script would")
-    parser.add_argument("case", choices=sorted({*ALL, *LOOPS}))
-    parser.add_argument("files", type=Path, help="a folder made by save_files")
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--times")
+    parser.add_argument("case", nargs="?", choices=sorted({*ALL, *LOOPS}))
+    parser.add_argument("files", nargs="?", type=Path, help="a folder made by --make-files")
+    parser.add_argument("--steps", type=int, help="train this many steps (Keras cases: steps_per_epoch, one epoch)")
+    parser.add_argument("--times", help="write when each step ended to this JSON file (Keras cases)")
+    parser.add_argument("--make-files", type=Path, metavar="FOLDER", help="make the files the cases read, then exit")
     options = parser.parse_args()
-    run_script(options.case, options.files, options.steps, options.times)
+    if options.make_files:
+        save_files(options.make_files)
+    elif not options.case or not options.files:
+        parser.error("give a case and the folder made by --make-files")
+    else:
+        run_script(options.case, options.files, options.steps, options.times)

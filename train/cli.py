@@ -207,9 +207,9 @@ def _profile_parsers(commands) -> None:
     bench = commands.add_parser(
         "bench-profile", help="what profile costs: a corpus script with and without it, interleaved trials"
     )
-    bench.add_argument("--trials", type=int, default=5, help="trials with and without profile (default: %(default)s)")
+    bench.add_argument("--trials", type=int, default=7, help="pairs of trials, with and without (default: %(default)s)")
     bench.add_argument("--case", default="tiny_batch", help="the corpus case (default: %(default)s)")
-    bench.add_argument("--steps", type=int, default=400, help="training steps per trial (default: %(default)s)")
+    bench.add_argument("--steps", type=int, default=3000, help="training steps per trial (default: %(default)s)")
     bench.add_argument("--out", default="runs/bench-profile", help="output folder (default: %(default)s)")
     bench.set_defaults(func=cmd_bench_profile)
 
