@@ -48,7 +48,8 @@ def _trial(with_profile: bool, case: str, data: Path, steps: int, work: Path, in
             if (process.get("window") or {}).get("steps"):
                 first, last = process["window"]["steps"]
                 window = (first, (process.get("capture") or {}).get("last_step", last))
-    return {"ends": recorded["step_ends"], "batch": recorded["batch"], "window": window, "wall_s": time.time() - started}
+    wall = time.time() - started
+    return {"ends": recorded["step_ends"], "batch": recorded["batch"], "window": window, "wall_s": wall}
 
 
 def _rate(trial: dict, skip: set[int]) -> float:
@@ -114,8 +115,8 @@ def main(args) -> int:
     ratio = result["ratio"]
     without, with_ = result["without_examples_per_sec"], result["with_examples_per_sec"]
     print(
-        f"{args.case}, {args.steps} steps per trial, {args.trials} interleaved pairs, steps after the {WARMUP_STEPS}-step "
-        "warm-up and outside the capture window:\n"
+        f"{args.case}, {args.steps} steps per trial, {args.trials} interleaved pairs, steps after the "
+        f"{WARMUP_STEPS}-step warm-up and outside the capture window:\n"
         f"  without profile: {without['median']:,.0f} ex/s (min-max {without['min']:,.0f}-{without['max']:,.0f})\n"
         f"  with profile:    {with_['median']:,.0f} ex/s (min-max {with_['min']:,.0f}-{with_['max']:,.0f})\n"
         f"  with / without:  median {ratio['median']:.3f} (per pair {ratio['min']:.3f}-{ratio['max']:.3f}); "
