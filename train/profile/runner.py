@@ -100,20 +100,29 @@ def prepare_logdir(logdir: Path) -> Path:
             "this one. Choose a new folder (without --logdir, profile makes runs/profile/<script>-<time>) or remove "
             "it."
         )
+    logdir = logdir.resolve()
+    missing = [folder for folder in (logdir, *logdir.parents) if not folder.exists()]
     logdir.mkdir(parents=True, exist_ok=True)
-    return logdir.resolve()
+    _CREATED[logdir] = missing[-1] if missing else None
+    return logdir
+
+
+_CREATED: dict = {}  # log folder -> the outermost folder prepare_logdir created for it
 
 
 def discard(logdir: Path) -> None:
-    """Remove what a run that captured nothing wrote there (the utilization of a run without a profile)."""
+    """Remove what a run that captured nothing wrote: its utilization, and the empty folders made for it."""
     shutil.rmtree(logdir / "utilization", ignore_errors=True)
-    for leftover in (logdir / "profile.json",):
-        leftover.unlink(missing_ok=True)
     for folder in sorted((p for p in logdir.rglob("*") if p.is_dir()), reverse=True):
         if not any(folder.iterdir()):
             folder.rmdir()
-    if logdir.is_dir() and not any(logdir.iterdir()):
-        logdir.rmdir()
+    created = _CREATED.get(logdir)
+    for folder in (logdir, *logdir.parents):
+        if created is None or not folder.is_dir() or any(folder.iterdir()):
+            break
+        folder.rmdir()
+        if folder == created:
+            break
 
 
 def child_env(logdir: Path, status_dir: str, steps, seconds, name: str) -> dict:
