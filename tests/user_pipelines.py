@@ -405,7 +405,7 @@ def mirrored_loop_generator(files, steps=60):
 def own_tensorboard_numpy_function(files, steps=None):
     """model.fit with the user's own TensorBoard(profile_batch=...) callback; PIL decode in tf.numpy_function."""
     ds, model, fit_args = numpy_function_map(files)
-    board = keras.callbacks.TensorBoard("logs/own_tensorboard", profile_batch=(3, 14))
+    board = keras.callbacks.TensorBoard("tb_logs", profile_batch=(3, 14))
     model.fit(ds, verbose=0, callbacks=[board], **{**fit_args, "steps_per_epoch": steps or fit_args["steps_per_epoch"]})
 
 

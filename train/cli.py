@@ -191,7 +191,7 @@ def _profile_parsers(commands) -> None:
         "default: 5-16, right after the warm-up)",
     )
     window.add_argument(
-        "--seconds", type=float, help="a custom loop's capture length (default: 3 s and at least 12 steps)"
+        "--seconds", type=float, help="a custom loop's capture length (default: 2 s, at least 12 and at most 50 steps)"
     )
     profile.add_argument("--json", action="store_true", help="print diagnose's JSON document plus the utilization")
     profile.add_argument(

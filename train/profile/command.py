@@ -40,7 +40,7 @@ def main(args) -> int:
     if steps:
         window = f"steps {steps[0]}-{steps[1]} (Keras fit steps, or a custom loop's step-function calls)"
     else:
-        loop = f"{args.seconds:g} s" if args.seconds else "about 3 s"
+        loop = f"{args.seconds:g} s" if args.seconds else "2 s (12 to 50 steps)"
         window = f"Keras fit steps 5-16 (after the warm-up), or {loop} of a custom loop from its 6th step"
     print(
         f"profile: running `{explain.command_text(command)}`; capture: {window}; logs in {shown}",

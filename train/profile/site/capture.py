@@ -35,7 +35,9 @@ import time
 
 ENV = "GPU_TEMPLATE_PROFILE"
 DEFAULT_STEPS = (5, 16)  # the first steps trace, compile and fill autotuned buffers; 12 steps give a verdict
-AUTO_SECONDS, AUTO_MIN_CALLS, AUTO_MAX_SECONDS = 3.0, 12, 60.0
+# A custom loop without --seconds: 2 s, extended to 12 steps (at most 60 s), cut at 50 steps (a fast loop's trace
+# grows with every step, and xprof's conversion with it).
+AUTO_SECONDS, AUTO_MIN_CALLS, AUTO_MAX_CALLS, AUTO_MAX_SECONDS = 2.0, 12, 50, 60.0
 TRAINERS = {  # module -> the class whose `fit` is wrapped
     "keras.src.backend.tensorflow.trainer": "TensorFlowTrainer",  # Keras 3
     "tf_keras.src.engine.training": "Model",  # tf_keras (Keras 2 for TensorFlow 2.16+)
@@ -413,7 +415,12 @@ class Capture:
             return count > self.steps[1]
         if self.seconds:
             return elapsed >= self.seconds
-        return (elapsed >= AUTO_SECONDS and len(self.call_times) >= AUTO_MIN_CALLS) or elapsed >= AUTO_MAX_SECONDS
+        calls = len(self.call_times)
+        return (
+            (elapsed >= AUTO_SECONDS and calls >= AUTO_MIN_CALLS)
+            or calls >= AUTO_MAX_CALLS
+            or elapsed >= AUTO_MAX_SECONDS
+        )
 
     def _watch_loop(self) -> None:
         """End the capture when the loop stalls or has ended (the script went on to something else), so the
