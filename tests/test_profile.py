@@ -7,6 +7,7 @@ import TensorFlow are fast; those that train pay TensorFlow's import in the chil
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -126,6 +127,19 @@ def test_a_log_folder_with_files_is_refused(tmp_path):
     assert done.returncode == 2 and "already holds files" in error_paragraph(done.stderr)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another user needs root (the Docker service's case)")
+def test_chown_hands_what_the_run_wrote_as_root_back_to_the_user(tmp_path):
+    kept = tmp_path / "before.txt"
+    kept.write_text("written before the run")
+    os.utime(kept, (time.time() - 3600, time.time() - 3600))
+    name = script(tmp_path, "open('checkpoint.txt', 'w').write('mine')\n")
+    done = profile(tmp_path, "--chown", "4242:4343", "--", sys.executable, name)
+    assert done.returncode == 2  # never imported TensorFlow
+    written = (tmp_path / "checkpoint.txt").stat()
+    assert (written.st_uid, written.st_gid) == (4242, 4343)
+    assert kept.stat().st_uid == 0
+
+
 def test_no_command_is_one_paragraph(tmp_path):
     done = profile(tmp_path)
     assert done.returncode == 2 and "after --" in error_paragraph(done.stderr)
@@ -168,6 +182,19 @@ def test_a_keras_script_is_profiled_without_a_change_and_the_parent_never_import
     events = list((logs / "utilization").glob("events.out.tfevents.*"))
     tags = {value.tag for event in tf.compat.v1.train.summary_iterator(str(events[0])) for value in event.summary.value}
     assert "cpu_utilization_percent" in tags
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("tf_keras") is None, reason="tf_keras is not installed (NVIDIA's image has it)"
+)
+def test_a_tf_keras_script_gets_the_same_capture(tmp_path):
+    name = script(tmp_path, FIT.replace("import keras", "import tf_keras as keras"))
+    done = profile(tmp_path, "--json", "--", sys.executable, name, env={"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    assert document["runs"]["my_train"]["profile"]["has_step_markers"]
+    assert document["capture"]["processes"][0]["mode"] == "keras-fit"
 
 
 # ---- slow: failures of scripts that import TensorFlow ---------------------------------------------------------
