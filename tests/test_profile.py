@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from train.core.errors import UserError
 from train.profile import runner
 
+ROOT = Path(__file__).resolve().parents[1]
 GPU_TEMPLATE = Path(sys.executable).parent / "gpu-template"
 FIT = """
 import sys
@@ -35,6 +37,7 @@ ds = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(16).repeat()
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
 model.compile("sgd", "mse")
 model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
+print("my script's own output")
 """
 
 
@@ -145,6 +148,28 @@ def test_no_command_is_one_paragraph(tmp_path):
     assert done.returncode == 2 and "after --" in error_paragraph(done.stderr)
 
 
+def test_the_compose_profiling_service_can_trace_the_gpu_and_hands_files_back():
+    """Root with SYS_ADMIN for this one service (CUPTI on a default driver), --chown to the host user."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    service = services["profile"]
+    assert service["user"] == "0:0" and service["cap_add"] == ["SYS_ADMIN"]
+    assert service["command"][:6] == [
+        "python",
+        "-m",
+        "train",
+        "profile",
+        "--chown",
+        "${HOST_UID:-1000}:${HOST_GID:-1000}",
+    ]
+    assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert (
+        "${PROFILE_DIR:-.}:/workspace/project" in service["volumes"] and service["working_dir"] == "/workspace/project"
+    )
+    assert all("cap_add" not in s and s.get("user") != "0:0" for name, s in services.items() if name != "profile")
+    recipe = (ROOT / "Makefile").read_text().split("\ndocker-profile:")[1].split("\n\n")[0]
+    assert "docker compose run --rm profile python -m train profile --chown $(HOST_UID):$(HOST_GID)" in recipe
+
+
 # ---- a Keras script, end to end (one TensorFlow import in the child) -------------------------------------------
 
 
@@ -165,7 +190,8 @@ def test_a_keras_script_is_profiled_without_a_change_and_the_parent_never_import
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    document = json.loads(done.stdout)
+    document = json.loads(done.stdout)  # with --json the script's own output goes to stderr
+    assert "my script's own output" in done.stderr
     run = document["runs"]["my_train"]
     assert run["profile"]["has_step_markers"] and not run["steps_inferred"] and run["verdict"] != "unknown"
     process = document["capture"]["processes"][0]
