@@ -63,7 +63,10 @@ class _Watcher:
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
-            spec = finder.find_spec(name, path, target)
+            try:
+                spec = finder.find_spec(name, path, target)
+            except Exception:  # the import system asks that finder again after us and reports it as usual
+                return None
             if spec is not None:
                 break
         else:
@@ -97,6 +100,9 @@ class Capture:
         self.in_keras = 0
         self.fit_used = False
         self.step = 0  # Keras fit steps so far, across fit calls
+        self.last_step_at = 0.0
+        self.fitting = 0
+        self.watching = False
         self.first_batch = 0
         self.trace = None
         self.calls: dict = {}  # tf.function name -> eager calls outside Keras
@@ -161,6 +167,8 @@ class Capture:
     # ---- the profiler session --------------------------------------------------------------------
 
     def begin(self, where: str) -> None:
+        if os.getpid() != self.pid:
+            return
         try:
             self.start_profiler(self.run_dir())
         except Exception as error:  # the script's own session runs, or the profiler failed
@@ -287,12 +295,20 @@ class Capture:
             capture.fit_used = True
             capture.status["mode"] = "keras-fit"
             capture.in_keras += 1
+            capture.fitting += 1
             try:
-                return fit(*bound.args, **bound.kwargs)
+                history = fit(*bound.args, **bound.kwargs)
+            except BaseException:
+                capture.end("Keras fit raised")  # an error or Ctrl-C: keep what was captured
+                raise
             finally:
                 capture.in_keras -= 1
-                capture.end("Keras fit returned")  # also on an exception or Ctrl-C: keep what was captured
+                capture.fitting -= 1
                 capture.save()
+            if capture.state == "active" and not capture.watching:  # the window may go on in the next fit call
+                capture.watching = True
+                threading.Thread(target=capture.watch_fit, name="profile-window", daemon=True).start()
+            return history
 
         fit_with_capture.__wrapped__ = fit
         return fit_with_capture
@@ -365,8 +381,17 @@ class Capture:
             if last - first >= 2:
                 self.window = (first, last)
 
+    def watch_fit(self, idle_s: float = 10.0) -> None:
+        """After a fit returned inside the window: end the capture when no further fit step comes."""
+        while self.state == "active":
+            if not self.fitting and time.time() - self.last_step_at > idle_s:
+                self.end(f"no Keras step for {idle_s:g} s after fit returned")
+            time.sleep(0.25)
+        self.watching = False
+
     def step_begin(self, batch: int) -> None:
         self.first_batch = batch
+        self.last_step_at = time.time()
         if self.state == "active" and self.step > self.window[1]:
             self.end(f"the window ended after step {self.window[1]}")
         if self.state == "waiting" and self.step >= self.window[0]:
