@@ -7,12 +7,9 @@ script may run in another environment than this project's, without the `train` p
 
 Nothing is imported up front: an import watcher waits for the script's own `import tensorflow`
 (and Keras), then patches, in memory only:
-- Keras `fit` (Keras 3's TensorFlow trainer; tf_keras and Keras 2 where installed) gets one more
-  callback, which wraps each step of the capture window in `Trace("train", step_num=..., _r=1)`
-  (step markers xprof understands, openxla/xprof#578) and starts and stops the profiler around
-  that window. A profiling callback the script passes itself (keras TensorBoard with
-  profile_batch, this project's StepTraceProfiler) would start a second profiler session, which
-  TensorFlow refuses: its profiler is turned off for the run and its steps become the window.
+- Keras `fit` (keras_fit.py): step markers (`Trace("train", step_num=..., _r=1)`, which xprof
+  understands, openxla/xprof#578) and the profiler over a window of steps; a profiling callback the
+  script passes itself is turned off for the run, its steps becoming the window (one session).
 - `tf.function` calls: a custom training loop (no `fit`) is captured over a time window that
   starts once one function has run `start` times eagerly; the analyser infers the steps from
   that function's executions.
@@ -26,23 +23,32 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import inspect
+import importlib.util
 import json
 import os
 import sys
 import threading
 import time
 
+
+def _sibling(name: str):
+    """A module of this folder, which is a sys.path entry in the child, not a package: loaded by its path."""
+    private = f"_gpu_template_profile_{name}"
+    if private not in sys.modules:
+        spec = importlib.util.spec_from_file_location(private, os.path.join(os.path.dirname(__file__), f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[private] = module
+        spec.loader.exec_module(module)
+    return sys.modules[private]
+
+
+keras_fit = _sibling("keras_fit")
+DEFAULT_STEPS, TRAINERS = keras_fit.DEFAULT_STEPS, keras_fit.TRAINERS
+
 ENV = "GPU_TEMPLATE_PROFILE"
-DEFAULT_STEPS = (5, 16)  # the first steps trace, compile and fill autotuned buffers; 12 steps give a verdict
 # A custom loop without --seconds: 2 s, extended to 12 steps (at most 60 s), cut at 50 steps (a fast loop's trace
 # grows with every step, and xprof's conversion with it).
 AUTO_SECONDS, AUTO_MIN_CALLS, AUTO_MAX_CALLS, AUTO_MAX_SECONDS = 2.0, 12, 50, 60.0
-TRAINERS = {  # module -> the class whose `fit` is wrapped
-    "keras.src.backend.tensorflow.trainer": "TensorFlowTrainer",  # Keras 3
-    "tf_keras.src.engine.training": "Model",  # tf_keras (Keras 2 for TensorFlow 2.16+)
-    "keras.src.engine.training": "Model",  # Keras 2.13-2.15
-}
 FUNCTIONS = "tensorflow.python.eager.polymorphic_function.polymorphic_function"
 PROFILER_APIS = (
     "tensorflow.python.profiler.profiler_v2",
@@ -84,7 +90,7 @@ class _Watcher:
         return spec
 
 
-class Capture:
+class Capture(keras_fit.FitCapture):
     """One per process: the window, the profiler session, and the status file."""
 
     def __init__(self, settings: dict):
@@ -251,162 +257,6 @@ class Capture:
             module = sys.modules.get(name)
             if module is not None and getattr(module, "start", None) is original:
                 module.start = start
-
-    def on_trainer(self, module, class_name: str) -> None:
-        cls = getattr(module, class_name, None)
-        if cls is None:
-            return
-        for method in ("evaluate", "predict"):  # their tf.function calls are not a custom loop's steps
-            if hasattr(cls, method):
-                setattr(cls, method, self._inside_keras(getattr(cls, method)))
-        if hasattr(cls, "fit"):
-            cls.fit = self._wrap_fit(cls.fit, module.__name__.split(".")[0])
-
-    def _inside_keras(self, method):
-        capture = self
-
-        def inside(*args, **kwargs):
-            capture.in_keras += 1
-            try:
-                return method(*args, **kwargs)
-            finally:
-                capture.in_keras -= 1
-
-        inside.__wrapped__ = method
-        return inside
-
-    def _wrap_fit(self, fit, package: str):
-        signature = inspect.signature(fit)
-        capture = self
-
-        def fit_with_capture(model, *args, **kwargs):
-            try:
-                bound = signature.bind(model, *args, **kwargs)
-            except TypeError:
-                return fit(model, *args, **kwargs)  # let Keras say what is wrong
-            callbacks = bound.arguments.get("callbacks")
-            own = capture.callback_class(package)()
-            if callbacks is None or isinstance(callbacks, (list, tuple)):
-                capture.take_over_profilers(list(callbacks or []), model)
-                bound.arguments["callbacks"] = [*(callbacks or []), own]
-            else:  # a CallbackList
-                capture.take_over_profilers(list(getattr(callbacks, "callbacks", [])), model)
-                callbacks.append(own)
-            capture.fit_used = True
-            capture.status["mode"] = "keras-fit"
-            capture.in_keras += 1
-            capture.fitting += 1
-            try:
-                history = fit(*bound.args, **bound.kwargs)
-            except BaseException:
-                capture.end("Keras fit raised")  # an error or Ctrl-C: keep what was captured
-                raise
-            finally:
-                capture.in_keras -= 1
-                capture.fitting -= 1
-                capture.save()
-            if capture.state == "active" and not capture.watching:  # the window may go on in the next fit call
-                capture.watching = True
-                threading.Thread(target=capture.watch_fit, name="profile-window", daemon=True).start()
-            return history
-
-        fit_with_capture.__wrapped__ = fit
-        return fit_with_capture
-
-    # ---- Keras fit steps ---------------------------------------------------------------------------
-
-    def callback_class(self, package: str):
-        """A Callback subclass of the script's Keras flavour (tf_keras's CallbackList needs its own base)."""
-        if package not in self.callback_classes:
-            base = importlib.import_module(f"{package}.callbacks").Callback
-            capture = self
-
-            class ProfileSteps(base):
-                """Added by `python -m train profile`: step markers and the capture window."""
-
-                def on_train_begin(self, logs=None):
-                    params = getattr(self, "params", None) or {}
-                    steps, epochs = params.get("steps"), params.get("epochs")
-                    capture.fit_begin(steps * epochs if steps and epochs else None)
-
-                def on_train_batch_begin(self, batch, logs=None):
-                    capture.step_begin(batch)
-
-                def on_train_batch_end(self, batch, logs=None):
-                    capture.step_end(batch)
-
-            self.callback_classes[package] = ProfileSteps
-        return self.callback_classes[package]
-
-    def take_over_profilers(self, callbacks: list, model) -> None:
-        """Turn off the profiler of a callback that would start a second session; its steps become the window."""
-        spe = getattr(model, "steps_per_execution", None) or getattr(model, "_steps_per_execution", None) or 1
-        try:
-            spe = max(1, int(spe.numpy() if hasattr(spe, "numpy") else spe))
-        except (TypeError, ValueError):
-            spe = 1
-        for callback in callbacks:
-            if getattr(callback, "_should_trace", False) and hasattr(callback, "_start_batch"):  # keras TensorBoard
-                first, last = callback._start_batch, callback._stop_batch  # 1-based executions of this fit
-                callback._should_trace = False
-                theirs = (self.step + (first - 1) * spe, self.step + last * spe - 1)
-                described = f"keras.callbacks.TensorBoard(profile_batch=({first}, {last}))"
-            elif type(callback).__name__ == "StepTraceProfiler" and getattr(callback, "_state", None) == "waiting":
-                callback._state = "done"
-                first = self.step + callback.start_step
-                theirs = (first, first + callback.num_steps + 1)
-                described = f"StepTraceProfiler(start_step={callback.start_step}, num_steps={callback.num_steps})"
-            else:
-                continue
-            if self.state == "waiting" and self.window_from != "--steps":
-                self.window = (theirs[0], max(theirs[1], theirs[0] + DEFAULT_STEPS[1] - DEFAULT_STEPS[0]))
-                self.window_from = described
-                kept = f"over your steps {self.window[0]}-{self.window[1]}"
-            else:
-                kept = f"over steps {self.window[0]}-{self.window[1]} (--steps)"
-            self.note(
-                f"Your {described} would start a second profiler session, which TensorFlow refuses "
-                "('Only one active profiler session is allowed'): profile kept one session, its own, "
-                f"{kept}, with step markers, and turned your callback's profiler off for this run (its other logs "
-                "are written as usual)."
-            )
-
-    def fit_begin(self, remaining: int | None) -> None:
-        """Move the default window into a short fit (`remaining` steps, when Keras knows them)."""
-        if self.state != "waiting" or self.window_from != "default" or not remaining:
-            return
-        last = self.step + remaining - 1
-        if last < self.window[1]:
-            first = max(self.step + 1, last - (DEFAULT_STEPS[1] - DEFAULT_STEPS[0]))
-            if last - first >= 2:
-                self.window = (first, last)
-
-    def watch_fit(self, idle_s: float = 10.0) -> None:
-        """After a fit returned inside the window: end the capture when no further fit step comes."""
-        while self.state == "active":
-            if not self.fitting and time.time() - self.last_step_at > idle_s:
-                self.end(f"no Keras step for {idle_s:g} s after fit returned")
-            time.sleep(0.25)
-        self.watching = False
-
-    def step_begin(self, batch: int) -> None:
-        self.first_batch = batch
-        self.last_step_at = time.time()
-        if self.state == "active" and self.step > self.window[1]:
-            self.end(f"the window ended after step {self.window[1]}")
-        if self.state == "waiting" and self.step >= self.window[0]:
-            self.status["window"] = {"steps": list(self.window), "from": self.window_from}
-            self.begin(f"step {self.step}")
-        if self.state == "active":
-            self.trace = self.tf.profiler.experimental.Trace("train", step_num=self.step, _r=1)
-            self.trace.__enter__()
-
-    def step_end(self, batch: int) -> None:
-        with self.lock:
-            if self.trace is not None:
-                self.trace.__exit__(None, None, None)
-                self.trace = None
-        self.step += batch - self.first_batch + 1
 
     # ---- custom loops: tf.function calls outside Keras ---------------------------------------------
 
