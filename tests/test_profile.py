@@ -223,6 +223,29 @@ def test_a_tf_keras_script_gets_the_same_capture(tmp_path):
     assert document["capture"]["processes"][0]["mode"] == "keras-fit"
 
 
+@pytest.mark.slow
+def test_a_script_that_starts_its_own_profiler_during_the_window_gets_its_session(tmp_path):
+    own = FIT.replace(
+        "model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)",
+        "def batch_begin(batch, logs):\n"
+        "    if batch == 9:\n"
+        "        tf.profiler.experimental.start('own_profile')\n"
+        "    if batch == 12:\n"
+        "        tf.profiler.experimental.stop()\n"
+        "\n"
+        "hook = keras.callbacks.LambdaCallback(on_train_batch_begin=batch_begin)\n"
+        "model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[hook])",
+    )
+    name = script(tmp_path, own)
+    done = profile(tmp_path, "--json", "--logdir", "logs", "--", sys.executable, name)
+    assert done.returncode == 0, done.stderr[-3000:]
+    process = json.loads(done.stdout)["capture"]["processes"][0]
+    assert process["capture"]["why"] == "the script started its own profiler session"
+    assert any("started its own profiler session (step 9)" in note for note in process["notes"])
+    assert list((tmp_path / "own_profile").rglob("*.xplane.pb"))  # the script's session ran and saved
+    assert list((tmp_path / "logs" / "my_train").rglob("*.xplane.pb"))  # and so did profile's, before it
+
+
 # ---- slow: failures of scripts that import TensorFlow ---------------------------------------------------------
 
 
