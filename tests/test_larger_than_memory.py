@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import NO_PROFILE, ROOT, SHORT_RUN, build_pipeline, quiet
 from train import config
 from train.benchmarks import ladder
 from train.input import pipeline
@@ -28,14 +28,7 @@ def knobs(preset: str = "optimized", **changes):
 
 
 def examples(spec, knob, training=False, batch_size=16, take=None):
-    dataset = pipeline.build(
-        spec.val_files if not training else spec.train_files,
-        spec,
-        knob,
-        training=training,
-        num_examples=spec.num_val if not training else spec.num_train,
-        batch_size=batch_size,
-    )
+    dataset = build_pipeline(spec, knob, training=training, batch_size=batch_size)
     if take:
         dataset = dataset.take(take)
     return [(int(label), image) for images, labels in dataset for image, label in zip(images.numpy(), labels.numpy())]
@@ -126,19 +119,9 @@ def test_without_a_decoded_memory_cache_no_mirror_is_stored(tiny_spec):
 def test_augmentation_on_the_device_trains_and_the_model_saves_and_loads(tiny_sets):
     cfg = config.load(
         ROOT / "configs/optimized.yaml",
-        tiny_sets
-        + [
-            "pipeline.augment=device",
-            "pipeline.batch_size=16",
-            "pipeline.shuffle_buffer=64",
-            "train.epochs=2",
-            "profile.enabled=false",
-            "monitor.enabled=false",
-            "model.name=tiny",
-            "model.width=8",
-        ],
+        tiny_sets + SHORT_RUN + NO_PROFILE + ["pipeline.augment=device", "model.name=tiny", "model.width=8"],
     )
-    summary = fit_loop.run(cfg, log=lambda message: None)
+    summary = fit_loop.run(cfg, log=quiet)
     assert np.isfinite(summary["final_loss"]) and "augment[device, in the model]" in summary["pipeline"]
     model = keras.models.load_model(cfg.run_dir / "model.keras")
     assert any("augment" in layer.name for layer in model.layers)

@@ -283,6 +283,13 @@ def _check_ranges(cfg: Config, source: str) -> None:
         "'auto', 'encoded' or 'none' with pipeline.random_crop (a decoded cache would keep the first crops)",
     )
     need(
+        p.augment != "python" or p.cache in ("auto", "none"),
+        "pipeline.cache",
+        p.cache,
+        "'auto' or 'none' with pipeline.augment 'python' (a cache after the generator would keep the first "
+        "epoch's flips and shifts)",
+    )
+    need(
         not p.random_crop or p.shuffle_buffer > 0,
         "pipeline.shuffle_buffer",
         p.shuffle_buffer,

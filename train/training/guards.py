@@ -126,12 +126,6 @@ class StallWatchdog(keras.callbacks.Callback):
             self._stop.set()
 
 
-def stall_timeout(setting, data_service: str | None) -> float:
-    if setting == "auto":
-        return 300.0 if data_service else 0.0
-    return float(setting)
-
-
 class GracefulStop(StepCallback):
     """On the first SIGTERM or SIGINT: finish the current step, save a checkpoint, stop.
 
