@@ -42,7 +42,7 @@ def build_model(
         if cfg.pipeline.augment != "device":
             return model
         images = keras.Input(shape=shape, dtype="uint8", name="image")
-        augmented = augment.device_augment_layer()(seed=cfg.train.seed, name="device_augment")(images)
+        augmented = augment.DeviceAugment(seed=cfg.train.seed, name="device_augment")(images)
         return keras.Model(images, model(augmented), name=model.name)
 
     initial = None
