@@ -31,9 +31,10 @@ from tests.conftest import (
     train_command,
 )
 from train import config, models, sources
+from train.core import outputs
 from train.core.errors import UserError
 from train.shards import records
-from train.training import checkpoint, fit_loop, guards
+from train.training import checkpoint, fit_loop
 
 # Four epochs of the tiny model: room to crash, stop or go wrong between checkpoints.
 FOUR_EPOCHS = SHORT_RUN + NO_PROFILE + TINY_MODEL + ["train.epochs=4"]
@@ -337,7 +338,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_sets):
 def test_out_of_memory_suggests_the_largest_batch_that_fit(tiny_sets, tmp_path, monkeypatch):
     """GPU memory is the hardware this machine lacks: the allocator's error is raised in its place."""
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + FOUR_EPOCHS + ["pipeline.batch_size=96"])
-    sweep_file = guards.sweep_file(cfg.runs_dir)  # where `make sweep-batch` writes, under this config's runs_dir
+    sweep_file = outputs.sweep_result(cfg.runs_dir)  # where `make sweep-batch` writes, under this config's runs_dir
     sweep_file.parent.mkdir(parents=True)
     sweep_file.write_text(json.dumps({"largest_batch_that_fit": 64}))
 

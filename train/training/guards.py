@@ -14,6 +14,7 @@ from pathlib import Path
 
 import keras
 
+from train.core import outputs
 from train.core.errors import Stopped, UserError
 from train.core.steps import StepCallback
 
@@ -50,11 +51,6 @@ def nan_error(tripped: dict, last_checkpoint: str | None, learning_rate: float) 
     )
 
 
-def sweep_file(runs_dir: str | Path) -> Path:
-    """Where `make sweep-batch` writes its result (its default --out under runs_dir)."""
-    return Path(runs_dir) / "sweep-batch" / "sweep.json"
-
-
 def largest_batch_that_fit(path: Path) -> int | None:
     """From the last batch-size sweep on this machine, or None when there is none."""
     try:
@@ -64,7 +60,7 @@ def largest_batch_that_fit(path: Path) -> int | None:
 
 
 def oom_error(batch_size: int, device: str, runs_dir: str | Path) -> UserError:
-    path = sweep_file(runs_dir)
+    path = outputs.sweep_result(runs_dir)
     largest_that_fit = largest_batch_that_fit(path)
     if largest_that_fit:
         hint = (
