@@ -243,7 +243,7 @@ def damage(path: str, kind: str) -> int:
         data[offsets[victim] + 40] ^= 0x10
         Path(path).write_bytes(bytes(data))
     elif kind == "bad_jpeg":
-        payloads = list(records.iter_records(path))
+        payloads = [payload for _, payload in records.read_records(path)]
         example = tf.train.Example()
         example.ParseFromString(payloads[victim])
         example.features.feature["image"].bytes_list.value[0] = b"\xff\xd8 not really a jpeg"
