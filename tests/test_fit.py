@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from tests.conftest import PROFILE_EARLY, ROOT, SHORT_RUN, quiet
+from tests.conftest import NO_PROFILE, PROFILE_EARLY, ROOT, SHORT_RUN, quiet
 from train import config
 from train.training import fit_loop
 
 PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml"))
-# Two profiled epochs of 4 steps.
+# Two epochs of 4 steps, with a profile window or without.
 PROFILED = SHORT_RUN + PROFILE_EARLY + ["train.steps_per_epoch=4"]
+UNPROFILED = SHORT_RUN + NO_PROFILE + ["train.steps_per_epoch=4"]
 
 
 def scalar_tags(folder: Path) -> set[str]:
@@ -57,7 +58,7 @@ def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
 
 def test_the_cpu_scenario_overlay_trains(tiny_sets):
     cfg = config.load(
-        ROOT / "configs/optimized.yaml", tiny_sets + PROFILED, layers=[ROOT / "configs/scenarios/cpu.yaml"]
+        ROOT / "configs/optimized.yaml", tiny_sets + UNPROFILED, layers=[ROOT / "configs/scenarios/cpu.yaml"]
     )
     summary = fit_loop.run(cfg, log=quiet)
     assert summary["model"] == "tiny" and summary["examples_per_sec"] > 0
