@@ -79,9 +79,10 @@ class Callbacks:
             else None
         )
         self.watchdog = None
-        if cfg.train.stall_timeout_s:
+        timeout = guards.stall_timeout(cfg.train.stall_timeout_s, cfg.pipeline.data_service)
+        if timeout:
             self.watchdog = guards.StallWatchdog(
-                cfg.train.stall_timeout_s,
+                timeout,
                 (
                     f"The tf.data service at {cfg.pipeline.data_service} may have lost its workers (check that they "
                     "run)."

@@ -17,6 +17,7 @@ import keras
 from train.core import outputs
 from train.core.errors import Stopped, UserError
 from train.core.steps import StepCallback
+from train.training import plan
 
 
 class NanGuard(StepCallback):
@@ -120,6 +121,11 @@ class StallWatchdog(keras.callbacks.Callback):
     def stop(self):
         if self._stop is not None:
             self._stop.set()
+
+
+def stall_timeout(setting: float | str, data_service: str | None) -> float:
+    """train.stall_timeout_s in seconds (0: no watchdog); a planned config has it decided already."""
+    return plan.stall_timeout(data_service)[0] if setting == "auto" else float(setting)
 
 
 class GracefulStop(StepCallback):

@@ -48,12 +48,7 @@ def resolve(cfg: Config, found: Devices, spec: DatasetSpec) -> tuple[Config, Cho
         knobs = dataclasses.replace(knobs, deterministic=True)
     stall = cfg.train.stall_timeout_s
     if stall == "auto":
-        stall = 300.0 if knobs.data_service else 0.0
-        choices.reasons["stall_timeout_s"] = (
-            "300 s: a tf.data service can lose its workers, and the trainer would wait for them forever"
-            if knobs.data_service
-            else "off: the input pipeline runs in this process"
-        )
+        stall, choices.reasons["stall_timeout_s"] = stall_timeout(knobs.data_service)
     train = dataclasses.replace(
         cfg.train,
         precision=choices.precision,
@@ -63,6 +58,13 @@ def resolve(cfg: Config, found: Devices, spec: DatasetSpec) -> tuple[Config, Cho
         stall_timeout_s=float(stall),
     )
     return dataclasses.replace(cfg, pipeline=knobs, train=train), choices
+
+
+def stall_timeout(data_service: str | None) -> tuple[float, str]:
+    """train.stall_timeout_s `auto`: how long the trainer waits for a batch before it stops, and why."""
+    if data_service:
+        return 300.0, "300 s: a tf.data service can lose its workers, and the trainer would wait for them forever"
+    return 0.0, "off: the input pipeline runs in this process"
 
 
 def train_choices(train: TrainConfig, found: Devices) -> Choices:
