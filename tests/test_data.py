@@ -32,7 +32,7 @@ def test_records_read_in_python_match_tfrecord_dataset(tiny_spec):
     import tensorflow as tf
 
     path = tiny_spec.train_files[0]
-    python_payloads = list(records.iter_records(path))
+    python_payloads = [payload for _, payload in records.read_records(path)]
     tf_payloads = [r.numpy() for r in tf.data.TFRecordDataset(path)]
     assert python_payloads == tf_payloads and len(python_payloads) == 32
     image, label = records.parse_example(python_payloads[0])

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT, data_sets, run_cli
+from tests.conftest import ROOT, build_pipeline, data_sets, run_cli
 from train import config
 from train.input import pipeline, service
 from train.training import fit_loop
@@ -216,24 +216,13 @@ def examples(dataset) -> Counter:
 @pytest.mark.parametrize("mode, times", [("parallel_epochs", 2), ("distributed_epoch", 1)])
 def test_data_service_with_two_workers_serves_each_example_the_expected_number_of_times(tiny_spec, mode, times):
     knobs = config.load(ROOT / "configs/optimized.yaml", ["pipeline.augment=none"]).pipeline
-    local = examples(
-        pipeline.build(
-            tiny_spec.train_files, tiny_spec, knobs, training=False, num_examples=tiny_spec.num_train, batch_size=16
-        )
-    )
+    local = examples(build_pipeline(tiny_spec, knobs, training=False, batch_size=16, files=tiny_spec.train_files))
     with service.LocalCluster(workers=2) as cluster:
         served_knobs = config.load(
             ROOT / "configs/optimized.yaml",
             ["pipeline.augment=none", f"pipeline.data_service={cluster.target}", f"pipeline.data_service_mode={mode}"],
         ).pipeline
-        dataset = pipeline.build(
-            tiny_spec.train_files,
-            tiny_spec,
-            served_knobs,
-            training=False,
-            num_examples=tiny_spec.num_train,
-            batch_size=16,
-        )
+        dataset = build_pipeline(tiny_spec, served_knobs, training=False, batch_size=16, files=tiny_spec.train_files)
         served = examples(pipeline.to_service(dataset, served_knobs, job_name=f"count-{mode}"))
     assert set(served) == set(local) and len(local) == tiny_spec.num_train
     assert set(served.values()) == {times}

@@ -10,21 +10,16 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, data_sets, run_cli
+from tests.conftest import PROFILE_EARLY, ROOT, SHORT_RUN, data_sets, run_cli, set_args
 
-QUICK = [
-    "train.epochs=2",
-    "pipeline.batch_size=16",
-    "pipeline.shuffle_buffer=16",
-    "profile.start_step=1",
-    "profile.num_steps=3",
-]
+# Two profiled epochs for each of compare's runs.
+PROFILED = SHORT_RUN + PROFILE_EARLY + ["pipeline.shuffle_buffer=16", "profile.num_steps=3"]
 
 
 @pytest.fixture(scope="module")
 def compared(tiny_data_dir, tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    sets = [arg for item in data_sets(tiny_data_dir) + QUICK for arg in ("--set", item)]
+    sets = set_args(data_sets(tiny_data_dir) + PROFILED)
     result = run_cli("compare", "--out", str(runs / "compare"), *sets, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return runs, result
@@ -110,6 +105,7 @@ def test_tensorboard_profile_tab_shows_both_runs_with_step_times(compared):
         server.wait(timeout=30)
 
 
+@pytest.mark.slow  # diagnose over a folder of several runs: fast in test_diagnose.py, without compare's two runs
 def test_diagnose_reads_the_compare_folder(compared):
     runs, _ = compared
     result = run_cli("diagnose", str(runs / "compare"), timeout=120)
@@ -132,6 +128,6 @@ def test_missing_dataset_names_the_exact_command(tmp_path):
 
 
 def test_data_command_is_a_no_op_when_built(tiny_data_dir):
-    sets = [arg for item in data_sets(tiny_data_dir) for arg in ("--set", item)]
+    sets = set_args(data_sets(tiny_data_dir))
     result = run_cli("data", "--config", "configs/base.yaml", *sets, timeout=120)
     assert result.returncode == 0 and "Already built (nothing to do)" in result.stdout

@@ -7,19 +7,14 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
+from tests.conftest import NO_PROFILE, PROFILE_EARLY, ROOT, SHORT_RUN, quiet
 from train import config
 from train.training import fit_loop
 
-ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml"))
-QUICK = [
-    "train.epochs=2",
-    "train.steps_per_epoch=4",
-    "profile.start_step=1",
-    "profile.num_steps=2",
-    "monitor.interval_s=0.05",
-    "pipeline.batch_size=16",
-]
+# Two epochs of 4 steps, with a profile window or without.
+PROFILED = SHORT_RUN + PROFILE_EARLY + ["train.steps_per_epoch=4"]
+UNPROFILED = SHORT_RUN + NO_PROFILE + ["train.steps_per_epoch=4"]
 
 
 def scalar_tags(folder: Path) -> set[str]:
@@ -34,8 +29,8 @@ def scalar_tags(folder: Path) -> set[str]:
     "preset", [pytest.param(p, marks=[] if p.stem == "optimized" else [pytest.mark.slow], id=p.stem) for p in PRESETS]
 )
 def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
-    cfg = config.load(preset, tiny_sets + QUICK + ["model.width=8"])
-    summary = fit_loop.run(cfg, config_path=str(preset), log=lambda message: None)
+    cfg = config.load(preset, tiny_sets + PROFILED + ["model.width=8"])
+    summary = fit_loop.run(cfg, config_path=str(preset), log=quiet)
     run_dir = cfg.run_dir
     saved = json.loads((run_dir / "summary.json").read_text())
     assert saved["examples_per_sec"] > 0 and saved["step_time_ms"] > 0
@@ -62,15 +57,17 @@ def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
 
 
 def test_the_cpu_scenario_overlay_trains(tiny_sets):
-    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK, layers=[ROOT / "configs/scenarios/cpu.yaml"])
-    summary = fit_loop.run(cfg, log=lambda message: None)
+    cfg = config.load(
+        ROOT / "configs/optimized.yaml", tiny_sets + UNPROFILED, layers=[ROOT / "configs/scenarios/cpu.yaml"]
+    )
+    summary = fit_loop.run(cfg, log=quiet)
     assert summary["model"] == "tiny" and summary["examples_per_sec"] > 0
 
 
 def test_rerun_replaces_the_previous_run(tiny_sets):
-    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["model.name=tiny"])
-    fit_loop.run(cfg, log=lambda message: None)
-    fit_loop.run(cfg, log=lambda message: None)
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + PROFILED + ["model.name=tiny"])
+    fit_loop.run(cfg, log=quiet)
+    fit_loop.run(cfg, log=quiet)
     sessions = list((cfg.run_dir / "plugins" / "profile").iterdir())
     assert len(sessions) == 1
 
@@ -80,4 +77,4 @@ def test_batch_larger_than_the_dataset_is_a_clear_error(tiny_sets):
 
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + ["pipeline.batch_size=512"])
     with pytest.raises(UserError, match=r"batch_size \(512\) is larger than the training split"):
-        fit_loop.run(cfg, log=lambda message: None)
+        fit_loop.run(cfg, log=quiet)

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import subprocess
+import sys
 
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import NO_PROFILE, ROOT, SHORT_RUN, build_pipeline, child_env, quiet
 from train import config
 from train.benchmarks import ladder
 from train.input import pipeline
@@ -28,14 +28,7 @@ def knobs(preset: str = "optimized", **changes):
 
 
 def examples(spec, knob, training=False, batch_size=16, take=None):
-    dataset = pipeline.build(
-        spec.val_files if not training else spec.train_files,
-        spec,
-        knob,
-        training=training,
-        num_examples=spec.num_val if not training else spec.num_train,
-        batch_size=batch_size,
-    )
+    dataset = build_pipeline(spec, knob, training=training, batch_size=batch_size)
     if take:
         dataset = dataset.take(take)
     return [(int(label), image) for images, labels in dataset for image, label in zip(images.numpy(), labels.numpy())]
@@ -123,24 +116,33 @@ def test_without_a_decoded_memory_cache_no_mirror_is_stored(tiny_spec):
     assert all(image.shape == tiny_spec.image_shape for _, image in batches)
 
 
-def test_augmentation_on_the_device_trains_and_the_model_saves_and_loads(tiny_sets):
+# What a user's own script does with the trained model: import the module that registers the template's
+# layers, load, predict. In a fresh process: this one has the layer registered by the training anyway.
+LOAD_AND_PREDICT = """
+import sys
+import keras
+import numpy as np
+import train.input.augment
+model = keras.models.load_model(sys.argv[1])
+assert any("augment" in layer.name for layer in model.layers), [layer.name for layer in model.layers]
+print("output shape", tuple(model(np.zeros((4, *model.input_shape[1:]), np.uint8), training=False).shape))
+"""
+
+
+def test_augmentation_on_the_device_trains_and_the_model_loads_in_a_fresh_process(tiny_sets):
     cfg = config.load(
         ROOT / "configs/optimized.yaml",
-        tiny_sets
-        + [
-            "pipeline.augment=device",
-            "pipeline.batch_size=16",
-            "pipeline.shuffle_buffer=64",
-            "train.epochs=2",
-            "profile.enabled=false",
-            "monitor.enabled=false",
-            "model.name=tiny",
-            "model.width=8",
-        ],
+        tiny_sets + SHORT_RUN + NO_PROFILE + ["pipeline.augment=device", "model.name=tiny", "model.width=8"],
     )
-    summary = fit_loop.run(cfg, log=lambda message: None)
+    summary = fit_loop.run(cfg, log=quiet)
     assert np.isfinite(summary["final_loss"]) and "augment[device, in the model]" in summary["pipeline"]
-    model = keras.models.load_model(cfg.run_dir / "model.keras")
-    assert any("augment" in layer.name for layer in model.layers)
-    images = tf.zeros((4, *summary["dataset"]["image_shape"]), tf.uint8)
-    assert model(images, training=False).shape == (4, summary["dataset"]["num_classes"])
+    loaded = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_PREDICT, str(cfg.run_dir / "model.keras")],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert f"output shape (4, {summary['dataset']['num_classes']})" in loaded.stdout

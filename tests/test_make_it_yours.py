@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -13,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.test_sources import make_image_folder
+from tests.conftest import ROOT, child_env, make_image_folder
 
 
 def readme_section(title: str) -> str:
@@ -45,7 +43,7 @@ def test_make_it_yours_walkthrough_trains_and_reports(tmp_path):
     (fork / "configs/base.yaml").write_text(base)
     assert f"source: imagefolder:{images}" in base
     # Steps 4 and 5, the commands as the README gives them (using this checkout's installed .venv).
-    env = {**os.environ, "PYTHONPATH": str(fork)}
+    env = child_env(fork)
     make = ["make", "--no-print-directory", f"VENV={Path(sys.executable).parent.parent}", "STAMP="]
     targets = list(dict.fromkeys(re.findall(r"`make (data|compare)`", section)))
     assert targets == ["data", "compare"]

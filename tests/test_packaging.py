@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tests.conftest import ROOT, data_sets
+from tests.conftest import ROOT, data_sets, set_args
 from train.measure.profiling import StepTraceProfiler
 
 PACKAGE = ROOT / "train"
@@ -103,7 +103,7 @@ def test_the_console_script_runs_outside_the_repository(tmp_path, tiny_data_dir)
     assert run.returncode == 0 and "usage: gpu-template" in run.stdout
 
     # Configs and the built-in dataset's package are found in the project from any folder.
-    sets = [arg for item in data_sets(tiny_data_dir) for arg in ("--set", item)]
+    sets = set_args(data_sets(tiny_data_dir))
     run = subprocess.run(
         [script, "data", "--config", "configs/base.yaml", *sets],
         cwd=elsewhere,

@@ -1,26 +1,28 @@
 import dataclasses
 import hashlib
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.conftest import ROOT, build_pipeline
 from train import config
 from train.input import augment, pipeline
-
-ROOT = Path(__file__).resolve().parents[1]
+from train.training import plan
 
 
 def knobs(preset: str, **changes):
     return dataclasses.replace(config.load(ROOT / f"configs/{preset}.yaml").pipeline, **changes)
 
 
+def decided(spec, knob, num_examples=None, gpu=False):
+    """`knob` with the `auto`s a run's plan decides decided for `spec`."""
+    return plan.pipeline_choices(knob, spec, gpu=gpu, num_examples=num_examples)[0]
+
+
 def one_epoch(spec, knob, training=True, batch_size=16):
-    dataset = pipeline.build(
-        spec.train_files, spec, knob, training=training, num_examples=spec.num_train, batch_size=batch_size
-    )
+    dataset = build_pipeline(spec, knob, training=training, batch_size=batch_size, files=spec.train_files)
     steps = pipeline.steps_per_epoch(spec.num_train, batch_size, drop_remainder=True)
     examples = []
     for images, labels in dataset.take(steps):
@@ -50,82 +52,23 @@ def test_shuffling_changes_the_order(tiny_spec):
 
 def test_each_epoch_is_reshuffled(tiny_spec):
     knob = knobs("optimized", augment="none", deterministic=True)
-    dataset = pipeline.build(
-        tiny_spec.train_files,
-        tiny_spec,
-        knob,
-        training=True,
-        num_examples=tiny_spec.num_train,
-        batch_size=tiny_spec.num_train,
-    )
+    dataset = build_pipeline(tiny_spec, knob, training=True, batch_size=tiny_spec.num_train)
     epochs = [labels.numpy().tolist() for _, labels in dataset.take(2)]
     assert sorted(epochs[0]) == sorted(epochs[1]) and epochs[0] != epochs[1]
 
 
 def test_validation_reads_everything_in_order_without_dropping(tiny_spec):
     knob = knobs("optimized")
-    dataset = pipeline.build(
-        tiny_spec.val_files, tiny_spec, knob, training=False, num_examples=tiny_spec.num_val, batch_size=24
-    )
+    dataset = build_pipeline(tiny_spec, knob, training=False, batch_size=24)
     sizes = [int(labels.shape[0]) for _, labels in dataset]
     assert sizes == [24, 8]
 
 
 def test_naive_preset_really_has_no_prefetch(tiny_spec):
-    naive = pipeline.build(
-        tiny_spec.train_files, tiny_spec, knobs("naive"), training=True, num_examples=tiny_spec.num_train, batch_size=32
-    )
+    naive = build_pipeline(tiny_spec, knobs("naive"), training=True, batch_size=32)
     assert naive.options().experimental_optimization.inject_prefetch is False
-    optimized = pipeline.build(
-        tiny_spec.train_files,
-        tiny_spec,
-        knobs("optimized"),
-        training=True,
-        num_examples=tiny_spec.num_train,
-        batch_size=32,
-    )
+    optimized = build_pipeline(tiny_spec, knobs("optimized"), training=True, batch_size=32)
     assert optimized.options().threading.max_intra_op_parallelism == 1
-
-
-MANY = 100_000  # examples: sizes in whole megabytes, as the limit is
-
-
-def cache_choice(tiny_spec, preset="optimized", **overrides) -> str:
-    resolved, _ = pipeline.resolve(knobs(preset, **overrides), tiny_spec, MANY, gpu=False)
-    return resolved.cache
-
-
-def test_cache_auto_prefers_decoded_then_disk_then_encoded_then_none(tiny_spec, tmp_path):
-    decoded = pipeline.decoded_size_mb(tiny_spec, knobs("optimized"), MANY, copies=2)
-    encoded = pipeline.encoded_size_mb(tiny_spec, MANY)
-    assert encoded < decoded  # JPEG bytes are smaller than pixels at the stored size
-    assert cache_choice(tiny_spec, cache_limit_mb=int(decoded) + 1) == "memory"
-    between = int(encoded) + 1  # the records fit, the decoded images (with their mirrors) do not
-    assert between < decoded
-    assert cache_choice(tiny_spec, cache_limit_mb=between) == "encoded"
-    assert cache_choice(tiny_spec, cache_limit_mb=between, cache_dir=str(tmp_path)) == "disk"
-    assert cache_choice(tiny_spec, cache_limit_mb=0) == "none"
-    # A decoded cache would freeze the random crops.
-    assert cache_choice(tiny_spec, random_crop=True, cache_limit_mb=between) == "encoded"
-    assert cache_choice(tiny_spec, "naive") == "none"
-
-
-def test_records_are_shuffled_before_decode_only_when_nothing_decoded_is_cached(tiny_spec):
-    def resolved(**overrides):
-        return pipeline.resolve(knobs("optimized", **overrides), tiny_spec, tiny_spec.num_train, gpu=False)[0]
-
-    assert resolved().shuffle_before_decode is False
-    assert resolved(cache_limit_mb=0).shuffle_before_decode is True
-    assert "shuffle(10000) of records -> map(decode" in pipeline.describe(
-        knobs("optimized", cache_limit_mb=0), tiny_spec, tiny_spec.num_train, 8
-    )
-    naive = pipeline.resolve(knobs("naive"), tiny_spec, tiny_spec.num_train, gpu=False)[0]
-    assert naive.shuffle_before_decode is False  # the Python generator shuffles decoded examples
-
-
-def test_augment_auto_runs_on_the_device_where_a_gpu_exists(tiny_spec):
-    assert pipeline.resolve(knobs("optimized", augment="auto"), tiny_spec, 1, gpu=True)[0].augment == "device"
-    assert pipeline.resolve(knobs("optimized", augment="auto"), tiny_spec, 1, gpu=False)[0].augment == "batched"
 
 
 @pytest.mark.parametrize(
@@ -208,15 +151,9 @@ def test_batched_augmentation_flips_about_half_left_right(tiny_spec):
 
 
 def test_the_optimized_pipeline_yields_plain_images_and_caches_mirrors(tiny_spec):
-    knob = knobs("optimized", cache="memory")
+    knob = decided(tiny_spec, knobs("optimized", cache="memory"))
     train_mb = pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train)
     assert train_mb == 2 * pipeline.cache_size_mb(knob, tiny_spec, tiny_spec.num_train, training=False)
     assert "mirror -> cache" in pipeline.describe(knob, tiny_spec, tiny_spec.num_train, 8)
-    images, _ = next(
-        iter(
-            pipeline.build(
-                tiny_spec.train_files, tiny_spec, knob, training=True, num_examples=tiny_spec.num_train, batch_size=8
-            )
-        )
-    )
+    images, _ = next(iter(build_pipeline(tiny_spec, knob, training=True, batch_size=8)))
     assert images.shape == (8, *tiny_spec.image_shape)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -16,43 +15,34 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import ROOT, TINY_DATA, data_sets
+from tests.conftest import (
+    NO_PROFILE,
+    ROOT,
+    SHORT_RUN,
+    TINY_DATA,
+    TINY_MODEL,
+    child_env,
+    data_sets,
+    fit_command,
+    quiet,
+    run_to_end,
+    set_args,
+    stop_after_first_epoch,
+    train_command,
+)
 from train import config, models, sources
+from train.core import outputs
 from train.core.errors import UserError
 from train.shards import records
-from train.training import checkpoint, fit_loop, guards
+from train.training import checkpoint, fit_loop
 
-QUICK = [
-    "train.epochs=4",
-    "pipeline.batch_size=16",
-    "profile.enabled=false",
-    "monitor.interval_s=0.05",
-    "model.name=tiny",
-    "model.width=4",
-]
+# Four epochs of the tiny model: room to crash, stop or go wrong between checkpoints.
+FOUR_EPOCHS = SHORT_RUN + NO_PROFILE + TINY_MODEL + ["train.epochs=4"]
 
 
-def fit_command(name: str, runs: Path, data_dir: Path, *extra: str) -> list[str]:
-    sets = data_sets(data_dir) + QUICK + [f"runs_dir={runs}", "train.deterministic=true", *extra]
-    return [
-        sys.executable,
-        "-m",
-        "train",
-        "fit",
-        "--config",
-        "configs/optimized.yaml",
-        "--name",
-        name,
-        *[arg for item in sets for arg in ("--set", item)],
-    ]
-
-
-def run_to_end(command: list[str]) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    return result
+def deterministic_fit(name: str, runs: Path, data_dir: Path, *extra: str) -> list[str]:
+    sets = data_sets(data_dir) + FOUR_EPOCHS + [f"runs_dir={runs}", "train.deterministic=true", *extra]
+    return fit_command(sets, name=name)
 
 
 def kill_after_checkpoint(command: list[str], run_dir: Path, mid_epoch: bool) -> None:
@@ -62,7 +52,7 @@ def kill_after_checkpoint(command: list[str], run_dir: Path, mid_epoch: bool) ->
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_env(),
     )
     try:
         deadline = time.monotonic() + 240
@@ -87,8 +77,8 @@ def final_weights(run_dir: Path) -> list[np.ndarray]:
 def test_kill_9_then_rerun_resumes_and_ends_where_an_uninterrupted_run_ends(tiny_data_dir, tmp_path, mid_epoch):
     runs = tmp_path / "runs"
     extra = ["checkpoint.every_steps=3"] if mid_epoch else []
-    run_to_end(fit_command("straight", runs, tiny_data_dir, *extra))
-    command = fit_command("crashed", runs, tiny_data_dir, *extra)
+    run_to_end(deterministic_fit("straight", runs, tiny_data_dir, *extra))
+    command = deterministic_fit("crashed", runs, tiny_data_dir, *extra)
     kill_after_checkpoint(command, runs / "crashed", mid_epoch)
     assert not (runs / "crashed" / "summary.json").exists()
     resumed = run_to_end(command)
@@ -103,20 +93,20 @@ def test_kill_9_then_rerun_resumes_and_ends_where_an_uninterrupted_run_ends(tiny
 
 
 def test_fresh_starts_over_and_another_config_is_not_mixed_in(tiny_sets, tmp_path):
-    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["train.epochs=2"])
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + FOUR_EPOCHS + ["train.epochs=2"])
     saver_dir = cfg.run_dir
-    fit_loop.run(cfg, log=lambda message: None)
+    fit_loop.run(cfg, log=quiet)
     (saver_dir / "summary.json").unlink()  # as if the run had died after its last checkpoint
-    other = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["train.epochs=3"])
+    other = config.load(ROOT / "configs/optimized.yaml", tiny_sets + FOUR_EPOCHS + ["train.epochs=3"])
     with pytest.raises(UserError, match=r"unfinished run .* different config .*train.epochs.*--fresh"):
-        fit_loop.run(other, log=lambda message: None)
-    summary = fit_loop.run(other, log=lambda message: None, fresh=True)
+        fit_loop.run(other, log=quiet)
+    summary = fit_loop.run(other, log=quiet, fresh=True)
     assert summary["resumed_from"] is None and len(summary["history"]["loss"]) == 3
 
 
 def test_checkpoints_are_written_atomically_and_partial_ones_are_ignored(tiny_sets):
-    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["checkpoint.keep=2"])
-    fit_loop.run(cfg, log=lambda message: None)
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + FOUR_EPOCHS + ["checkpoint.keep=2"])
+    fit_loop.run(cfg, log=quiet)
     complete = checkpoint.list_checkpoints(cfg.run_dir)
     assert len(complete) == 2  # the newest two of four epochs
     half = cfg.run_dir / "checkpoints" / "step-99999999.tmp"
@@ -132,22 +122,14 @@ def test_checkpoints_are_written_atomically_and_partial_ones_are_ignored(tiny_se
 @pytest.mark.slow
 def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(tmp_path):
     sets = [f"data.data_dir={tmp_path}", "data.num_train=4000", "data.num_val=500", "data.num_shards=4"]
-    command = [
-        sys.executable,
-        "-m",
-        "train",
-        "data",
-        "--config",
-        "configs/base.yaml",
-        *[arg for item in sets for arg in ("--set", item)],
-    ]
+    command = train_command("data", "--config", "configs/base.yaml", *set_args(sets))
     target = sources.SOURCES["synthetic"].dataset_dir(config.load(ROOT / "configs/base.yaml", sets).data, "")
     process = subprocess.Popen(
         command,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_env(),
     )
     try:
         deadline = time.monotonic() + 120
@@ -158,39 +140,12 @@ def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(t
         process.wait(timeout=30)
     assert list(target.parent.glob("incomplete.*")), "the build was not caught in progress"
     assert not (target / "dataset_info.json").exists()
-    result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Removed the leftovers of an interrupted build" in result.stdout
     assert not list(target.parent.glob("incomplete.*"))
     spec = sources.locate(config.load(ROOT / "configs/base.yaml", sets).data)
     assert spec.num_train == 4000
-
-
-def stop_after_first_epoch(command: list[str], run_dir: Path, signum: int = signal.SIGTERM) -> tuple[int, str, float]:
-    """Start training, send `signum` once the first checkpoint exists: (exit status, stderr, seconds to exit)."""
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and process.poll() is None and not checkpoint.latest(run_dir):
-            time.sleep(0.02)
-        assert process.poll() is None, "training finished before it could be stopped"
-        sent = time.monotonic()
-        process.send_signal(signum)
-        _, stderr = process.communicate(timeout=60)
-        return process.returncode, stderr, time.monotonic() - sent
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
 
 
 @pytest.mark.slow
@@ -201,8 +156,8 @@ def test_sigterm_mid_run_saves_a_checkpoint_exits_143_and_the_rerun_resumes_to_t
     checkpoint, and the same command resumes it."""
     runs = tmp_path / "runs"
     extra = ["train.epochs=30"]  # long enough that the signal lands mid-run
-    run_to_end(fit_command("straight", runs, tiny_data_dir, *extra))
-    command = fit_command("stopped", runs, tiny_data_dir, *extra)
+    run_to_end(deterministic_fit("straight", runs, tiny_data_dir, *extra))
+    command = deterministic_fit("stopped", runs, tiny_data_dir, *extra)
     status, stderr, seconds = stop_after_first_epoch(command, runs / "stopped")
     assert status == 143 and seconds < 10, (status, seconds, stderr[-2000:])
     assert "SIGTERM received: saving a checkpoint after the current step" in stderr
@@ -243,7 +198,7 @@ def test_a_step_that_never_ends_still_exits_after_the_grace_period():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_env(),
     )
     try:
         assert process.stdout.readline().strip() == "ready"
@@ -269,6 +224,10 @@ def copy_dataset(tiny_data_dir: Path, tmp_path: Path) -> tuple[Path, sources.Dat
     return copy, spec
 
 
+def copied_run(copy: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return data_sets(copy) + FOUR_EPOCHS + [f"runs_dir={tmp_path / 'runs'}", *extra]
+
+
 def damage(path: str, kind: str) -> int:
     """Damage one shard; returns the index of the first damaged record."""
     data = bytearray(Path(path).read_bytes())
@@ -284,7 +243,7 @@ def damage(path: str, kind: str) -> int:
         data[offsets[victim] + 40] ^= 0x10
         Path(path).write_bytes(bytes(data))
     elif kind == "bad_jpeg":
-        payloads = list(records.iter_records(path))
+        payloads = [payload for _, payload in records.read_records(path)]
         example = tf.train.Example()
         example.ParseFromString(payloads[victim])
         example.features.feature["image"].bytes_list.value[0] = b"\xff\xd8 not really a jpeg"
@@ -301,9 +260,9 @@ def test_damaged_shard_stops_the_run_naming_shard_and_record(tiny_data_dir, tmp_
     copy, spec = copy_dataset(tiny_data_dir, tmp_path)
     shard = spec.train_files[1]
     victim = damage(shard, kind)
-    cfg = config.load(ROOT / f"configs/{preset}.yaml", data_sets(copy) + QUICK + [f"runs_dir={tmp_path / 'runs'}"])
+    cfg = config.load(ROOT / f"configs/{preset}.yaml", copied_run(copy, tmp_path))
     with pytest.raises(UserError) as error:
-        fit_loop.run(cfg, log=lambda message: None, build_hint="make data")
+        fit_loop.run(cfg, log=quiet, build_hint="make data")
     message = str(error.value)
     assert f"{Path(shard).name} record {victim}" in message
     assert "Rebuild it" in message and "skip_corrupt=true" in message
@@ -316,11 +275,8 @@ def test_skip_corrupt_trains_on_the_rest_and_counts_what_it_skipped(tiny_data_di
     damage(spec.train_files[0], "bitflip")
     damage(spec.train_files[2], "bad_jpeg")
     damage(spec.val_files[3], "truncated")
-    cfg = config.load(
-        ROOT / f"configs/{preset}.yaml",
-        data_sets(copy) + QUICK + [f"runs_dir={tmp_path / 'runs'}", "pipeline.skip_corrupt=true"],
-    )
-    summary = fit_loop.run(cfg, log=lambda message: None)
+    cfg = config.load(ROOT / f"configs/{preset}.yaml", copied_run(copy, tmp_path, "pipeline.skip_corrupt=true"))
+    summary = fit_loop.run(cfg, log=quiet)
     assert summary["skipped_records"] == 3
     assert all("record 5" in detail for detail in summary["skipped_record_details"])
     tags = set()
@@ -366,10 +322,10 @@ def nan_after_test(input_shape, num_classes, steps: int = 10):
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_sets):
     cfg = config.load(
-        ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["model.name=nan_after_test", "model.steps=10"]
+        ROOT / "configs/optimized.yaml", tiny_sets + FOUR_EPOCHS + ["model.name=nan_after_test", "model.steps=10"]
     )
     with pytest.raises(UserError, match=r"loss became nan at step 11 .*last good checkpoint is kept at") as error:
-        fit_loop.run(cfg, log=lambda message: None)
+        fit_loop.run(cfg, log=quiet)
     assert "--fresh" in str(error.value)
     folder, state = checkpoint.latest(cfg.run_dir)
     assert state["global_step"] == 8  # the end of epoch 1; epoch 2 went bad at step 11
@@ -381,8 +337,8 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_sets):
 
 def test_out_of_memory_suggests_the_largest_batch_that_fit(tiny_sets, tmp_path, monkeypatch):
     """GPU memory is the hardware this machine lacks: the allocator's error is raised in its place."""
-    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + QUICK + ["pipeline.batch_size=96"])
-    sweep_file = guards.sweep_file(cfg.runs_dir)  # where `make sweep-batch` writes, under this config's runs_dir
+    cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + FOUR_EPOCHS + ["pipeline.batch_size=96"])
+    sweep_file = outputs.sweep_result(cfg.runs_dir)  # where `make sweep-batch` writes, under this config's runs_dir
     sweep_file.parent.mkdir(parents=True)
     sweep_file.write_text(json.dumps({"largest_batch_that_fit": 64}))
 
@@ -391,10 +347,10 @@ def test_out_of_memory_suggests_the_largest_batch_that_fit(tiny_sets, tmp_path, 
 
     monkeypatch.setattr(keras.Model, "fit", exhausted)
     with pytest.raises(UserError, match=r"Out of memory at pipeline.batch_size=96 .*fit up to 64 .*batch_size=64"):
-        fit_loop.run(cfg, log=lambda message: None)
+        fit_loop.run(cfg, log=quiet)
     sweep_file.unlink()
     with pytest.raises(UserError, match=r"make sweep-batch.*batch_size=48"):
-        fit_loop.run(cfg, log=lambda message: None)
+        fit_loop.run(cfg, log=quiet)
 
 
 def test_tiny_data_constants_match_the_fixture():
@@ -403,10 +359,10 @@ def test_tiny_data_constants_match_the_fixture():
 
 def test_a_damaged_shard_is_caught_before_the_previous_run_is_touched(tiny_data_dir, tmp_path):
     copy, spec = copy_dataset(tiny_data_dir, tmp_path)
-    cfg = config.load(ROOT / "configs/optimized.yaml", data_sets(copy) + QUICK + [f"runs_dir={tmp_path / 'runs'}"])
-    fit_loop.run(cfg, log=lambda message: None)
+    cfg = config.load(ROOT / "configs/optimized.yaml", copied_run(copy, tmp_path))
+    fit_loop.run(cfg, log=quiet)
     before = (cfg.run_dir / "summary.json").read_text()
     damage(spec.val_files[0], "truncated")
     with pytest.raises(UserError, match=r"record 5: truncated"):
-        fit_loop.run(cfg, log=lambda message: None)
+        fit_loop.run(cfg, log=quiet)
     assert (cfg.run_dir / "summary.json").read_text() == before and (cfg.run_dir / "model.keras").exists()

@@ -242,14 +242,25 @@ def _example(tp: Any, f: dataclasses.Field) -> str:
     return str(args[0]) if args else "..."
 
 
-def _check_ranges(cfg: Config, source: str) -> None:
-    problems = []
+class _Problems(list):
+    """Range and consistency problems of a config, one sentence each."""
 
-    def need(ok: bool, key: str, value: Any, rule: str) -> None:
+    def need(self, ok: bool, key: str, value: Any, rule: str) -> None:
         if not ok:
-            problems.append(f"'{key}' is {value!r} but must be {rule}")
+            self.append(f"'{key}' is {value!r} but must be {rule}")
 
-    d, p, t = cfg.data, cfg.pipeline, cfg.train
+
+def _check_ranges(cfg: Config, source: str) -> None:
+    problems = _Problems()
+    _check_data(cfg.data, problems.need)
+    _check_pipeline(cfg.pipeline, problems.need)
+    _check_train(cfg.train, problems.need)
+    _check_run(cfg, problems.need)
+    if problems:
+        raise UserError(f"{source}: " + "; ".join(problems) + ". Fix the value(s) and run again.")
+
+
+def _check_data(d: DataConfig, need) -> None:
     need(d.image_size >= 8, "data.image_size", d.image_size, ">= 8")
     need(d.num_train >= 1, "data.num_train", d.num_train, ">= 1")
     need(d.num_val >= 1, "data.num_val", d.num_val, ">= 1")
@@ -262,6 +273,9 @@ def _check_ranges(cfg: Config, source: str) -> None:
             d.num_shards,
             f"at most the number of examples in the smallest split ({min(d.num_train, d.num_val)})",
         )
+
+
+def _check_pipeline(p: PipelineConfig, need) -> None:
     need(p.batch_size >= 1, "pipeline.batch_size", p.batch_size, ">= 1")
     for key in ("parallel_reads", "parallel_calls"):
         value = getattr(p, key)
@@ -281,6 +295,13 @@ def _check_ranges(cfg: Config, source: str) -> None:
         "pipeline.cache",
         p.cache,
         "'auto', 'encoded' or 'none' with pipeline.random_crop (a decoded cache would keep the first crops)",
+    )
+    need(
+        p.augment != "python" or p.cache in ("auto", "none"),
+        "pipeline.cache",
+        p.cache,
+        "'auto' or 'none' with pipeline.augment 'python' (a cache after the generator would keep the first "
+        "epoch's flips and shifts)",
     )
     need(
         not p.random_crop or p.shuffle_buffer > 0,
@@ -329,6 +350,9 @@ def _check_ranges(cfg: Config, source: str) -> None:
         p.reader,
         "'tfrecord' when pipeline.data_service is set (a Python generator cannot run on service workers)",
     )
+
+
+def _check_train(t: TrainConfig, need) -> None:
     need(t.epochs >= 1, "train.epochs", t.epochs, ">= 1")
     need(t.learning_rate > 0, "train.learning_rate", t.learning_rate, "> 0")
     need(
@@ -349,6 +373,9 @@ def _check_ranges(cfg: Config, source: str) -> None:
         t.stall_timeout_s,
         "'auto' or >= 0",
     )
+
+
+def _check_run(cfg: Config, need) -> None:
     need(cfg.checkpoint.every_epochs >= 1, "checkpoint.every_epochs", cfg.checkpoint.every_epochs, ">= 1")
     need(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", cfg.checkpoint.every_steps, ">= 0")
     need(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, ">= 1")
@@ -361,8 +388,6 @@ def _check_ranges(cfg: Config, source: str) -> None:
         cfg.name,
         "a non-empty folder name without '/'",
     )
-    if problems:
-        raise UserError(f"{source}: " + "; ".join(problems) + ". Fix the value(s) and run again.")
 
 
 def _merge(base: dict, override: dict) -> dict:

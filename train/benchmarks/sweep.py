@@ -15,6 +15,7 @@ from pathlib import Path
 from train import scenario as scenario_lib
 from train.benchmarks import trials
 from train.core import files
+from train.core.outputs import SWEEP_RESULT
 from train.measure.monitor import Sampler
 from train.training import setup
 
@@ -101,7 +102,7 @@ def main(args) -> int:
         "stopped_because": stop_reason,
         "fastest_batch": best and best["batch_size"],
     }
-    files.write_json(out / "sweep.json", result)
+    files.write_json(out / SWEEP_RESULT, result)
     chart(result, out / "sweep.png")
     write_tensorboard(out, ok)
     print(f"\nLargest batch that fit: {largest} ({stop_reason}); fastest: {result['fastest_batch']}.")

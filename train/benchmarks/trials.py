@@ -114,7 +114,6 @@ def training_pipeline(made: setup.Plan, spec: DatasetSpec):
         spec,
         made.cfg.pipeline,
         training=True,
-        num_examples=spec.num_train,
         batch_size=made.global_batch,
         seed=made.cfg.train.seed,
     )

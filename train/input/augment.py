@@ -1,10 +1,11 @@
 """Augmentation: random left-right and up-down flips and a random vertical shift.
 
 The same transformation exists as numpy (per example, inside the naive pipeline's Python
-generator), as a TensorFlow op on one example (a per-element `map`) and vectorized over a
-whole batch (one `map` after `batch`, the optimized pipeline's choice). All three work on
-uint8 images, so batches stay compact until the model scales them, and given the same
-random draws they produce the same pixels; tests check that.
+generator), as a TensorFlow op on one example (a per-element `map`), vectorized over a
+whole batch (one `map` after `batch`, the optimized pipeline's choice) and as a Keras layer
+at the start of the model (`DeviceAugment`, pipeline.augment: device). All work on uint8
+images, so batches stay compact until the model scales them; given the same random draws
+the first three produce the same pixels, and tests check that.
 
 Why these three: on uint8 [B, H, W, C] batches they move whole rows or whole images,
 which is cheap. A per-example horizontal shift needs a gather per pixel and measured 4x
@@ -20,7 +21,9 @@ per batch, and every example gets its own left-right draw.
 
 from __future__ import annotations
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 SHIFT_FRACTION = 1 / 16  # largest vertical shift, as a fraction of the image height
 
@@ -54,8 +57,6 @@ def tf_apply(images, flip_ud, dy, num_flip_lr):
     whole rows). Flipping a prefix of the batch needs no per-pixel select: one reverse of
     those images and one concatenation.
     """
-    import tensorflow as tf
-
     height = tf.shape(images)[1]
     rows = tf.clip_by_value(tf.range(height)[None, :] - dy[:, None], 0, height - 1)
     rows = tf.where(flip_ud[:, None], height - 1 - rows, rows)
@@ -66,8 +67,6 @@ def tf_apply(images, flip_ud, dy, num_flip_lr):
 
 def add_mirror(image, label):
     """uint8 [H, W, C] -> [2H, W, C]: the image, then its left-right mirror (see tf_apply_mirrored)."""
-    import tensorflow as tf
-
     return tf.concat([image, tf.reverse(image, axis=[1])], axis=0), label
 
 
@@ -77,8 +76,6 @@ def tf_apply_mirrored(stacked, flip_lr, flip_ud, dy):
     `flip_lr`, `flip_ud` and `dy` are [B]; the result is [B, H, W, C]. A flipped image is
     read from the mirror's rows, so all three transformations are one gather of whole rows.
     """
-    import tensorflow as tf
-
     height = tf.shape(stacked)[1] // 2
     rows = tf.clip_by_value(tf.range(height)[None, :] - dy[:, None], 0, height - 1)
     rows = tf.where(flip_ud[:, None], height - 1 - rows, rows)
@@ -89,8 +86,6 @@ def tf_apply_mirrored(stacked, flip_lr, flip_ud, dy):
 
 def _seed(seed, index):
     """A stateless seed from the run's seed and an element or batch index."""
-    import tensorflow as tf
-
     return tf.stack([tf.cast(seed, tf.int64), tf.cast(index, tf.int64)])
 
 
@@ -101,8 +96,6 @@ def tf_augment_batch(index, batch, seed: int = 0):
     augmentation in every run and in any thread, which is what makes resumed runs exact.
     Left-right flips, up-down flips and shifts are drawn per example.
     """
-    import tensorflow as tf
-
     stacked, labels = batch
     flip_lr, flip_ud, dy = _draws(_seed(seed, index), tf.shape(stacked)[0], max_shift(int(stacked.shape[1]) // 2))
     return tf_apply_mirrored(stacked, flip_lr, flip_ud, dy), labels
@@ -115,8 +108,6 @@ def element_seed(seed, index):
 
 def _draws(key, size, shift: int):
     """Per-example left-right flips, up-down flips and vertical shifts for a batch of `size`."""
-    import tensorflow as tf
-
     flips = tf.random.stateless_uniform([2, size], seed=key) < 0.5
     dy = tf.random.stateless_uniform([size], seed=key + [0, 1 << 40], minval=-shift, maxval=shift + 1, dtype=tf.int32)
     return flips[0], flips[1], dy
@@ -129,8 +120,6 @@ def tf_augment_plain_batch(index, batch, seed: int = 0):
     number of heads in B coin flips) flips each example with probability 1/2: one reverse of
     k images instead of a per-pixel select over the batch.
     """
-    import tensorflow as tf
-
     images, labels = batch
     flip_lr, flip_ud, dy = _draws(_seed(seed, index), tf.shape(images)[0], max_shift(int(images.shape[1])))
     return tf_apply(images, flip_ud, dy, tf.reduce_sum(tf.cast(flip_lr, tf.int32))), labels
@@ -138,8 +127,6 @@ def tf_augment_plain_batch(index, batch, seed: int = 0):
 
 def tf_augment_one(index, example, seed: int = 0):
     """Augment the `index`-th example (for a per-element `map` before `batch`)."""
-    import tensorflow as tf
-
     image, label = example
     shift = max_shift(int(image.shape[0]))
     draws = tf.random.stateless_uniform([3], seed=_seed(seed, index))
@@ -148,33 +135,30 @@ def tf_augment_one(index, example, seed: int = 0):
     return tf_apply(image[None], (draws[:1] < 0.5), dy[None], flip_lr)[0], label
 
 
-def device_augment_layer():
+@keras.saving.register_keras_serializable(package="train")
+class DeviceAugment(keras.layers.Layer):
     """The same flips and shift as a Keras layer at the start of the model (pipeline.augment:
-    device): on a GPU they run there, next to the model, instead of on the host's cores."""
-    import keras
-    import tensorflow as tf
+    device): on a GPU they run there, next to the model, instead of on the host's cores. In
+    training only; at inference it passes images through.
 
-    @keras.saving.register_keras_serializable(package="train")
-    class DeviceAugment(keras.layers.Layer):
-        """Random flips and vertical shift of uint8 images, in training only."""
+    Registered with Keras when this module is imported (as training does), so a saved model
+    that holds it loads in any process that imports train.input.augment first."""
 
-        def __init__(self, seed: int = 0, **kwargs):
-            super().__init__(**kwargs)
-            self.seed = seed
-            self.seed_generator = keras.random.SeedGenerator(seed)
+    def __init__(self, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
 
-        def call(self, images, training=None):
-            if not training:
-                return images
-            key = tf.cast(keras.random.randint([2], 0, 2**31 - 1, seed=self.seed_generator), tf.int64)
-            flip_lr, flip_ud, dy = _draws(key, tf.shape(images)[0], max_shift(int(images.shape[1])))
-            flipped = tf.where(flip_lr[:, None, None, None], tf.reverse(images, axis=[2]), images)
-            return tf_apply(flipped, flip_ud, dy, 0)
+    def call(self, images, training=None):
+        if not training:
+            return images
+        key = tf.cast(keras.random.randint([2], 0, 2**31 - 1, seed=self.seed_generator), tf.int64)
+        flip_lr, flip_ud, dy = _draws(key, tf.shape(images)[0], max_shift(int(images.shape[1])))
+        flipped = tf.where(flip_lr[:, None, None, None], tf.reverse(images, axis=[2]), images)
+        return tf_apply(flipped, flip_ud, dy, 0)
 
-        def compute_output_shape(self, input_shape):
-            return input_shape
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
-        def get_config(self):
-            return {**super().get_config(), "seed": self.seed}
-
-    return DeviceAugment
+    def get_config(self):
+        return {**super().get_config(), "seed": self.seed}

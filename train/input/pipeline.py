@@ -2,33 +2,36 @@
 
 The naive baseline and the optimized pipeline are presets of these knobs
 (configs/naive.yaml, configs/optimized.yaml); the ladder turns them on one at a time.
-Stages, in order, each switched by its knob:
+Stages, in the order `build` chains them, each switched by its knob:
 
-    read      python: a generator reads records and decodes JPEGs with PIL, one by one
-              tfrecord: shard list (shuffled) -> interleave(TFRecordDataset)
+    read      python: a generator reads the records one by one, decodes each JPEG with PIL (resized
+              to output_size) and, with augment: python, augments it with numpy, all in Python
+              tfrecord: shard list (shuffled every epoch) -> TFRecordDataset, interleaved over
+              parallel_reads shards (1: one shard after another)
     cache     encoded: the records (JPEG bytes) in memory
-    shuffle   before decode: a buffer of records, when nothing decoded is cached
-    decode    parse + decode in parallel, at output_size: full decode and resize, DCT-scaled
-              decode (scaled_decode), or only a random window (random_crop)
-    mirror    batched augmentation with a decoded memory cache: each image next to its mirror
+    shuffle   the records, before decoding (shuffle_before_decode: when nothing decoded is cached)
+    decode    tfrecord: parse + decode in a parallel map, at output_size: full decode and resize,
+              DCT-scaled decode (scaled_decode), or only a random window (random_crop)
+    mirror    augment: batched with a decoded memory cache: each image next to its mirror
     cache     memory: decoded images in RAM; disk: a snapshot of decoded images under cache_dir
-    shuffle   decoded elements (after a decoded cache)
-    augment   python (in the generator) | per_example (map, before batch)
+    shuffle   decoded elements (when the records were not shuffled before decoding)
+    augment   per_example: a map before batch
     batch
     repeat    training only: the iterator lives across epochs, so prefetch spans the boundary
     augment   batched: one vectorized map per batch (a row gather; from the mirror when cached)
-    service   optional: the stages above run on tf.data service workers
+    service   training only, optional: the stages above run on tf.data service workers
     prefetch
-    (augment  device: Keras layers at the start of the model, see augment.DeviceAugment)
+    options   autotune, thread pools; tf.data injects no prefetch of its own when prefetch is 0
+    (augment  device: Keras layers at the start of the model, augment.DeviceAugment)
 
-`resolve` turns every `auto` into a choice and a reason (the run set-up writes both into the
-run); `build` builds the resolved pipeline. Elements are (uint8 images [B, H, W, C], int64
-labels [B]).
+`build` takes knobs whose `auto`s are decided (what to cache, where to shuffle and augment: the
+run's plan, train/training/plan.py, decides them for the dataset and the device) and raises on
+one that is not. `auto` in parallel_reads, parallel_calls and prefetch is tf.data's AUTOTUNE.
+Elements are (uint8 images [B, H, W, C], int64 labels [B]).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import itertools
 import os
@@ -94,54 +97,19 @@ def memory_cache_mb(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int,
     return 0.0 if knobs.cache == "disk" else cache_size_mb(knobs, spec, num_examples, training)
 
 
-def resolve(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, gpu: bool) -> tuple[PipelineConfig, dict]:
-    """`knobs` with every `auto` of what to cache, where to shuffle and where to augment decided
-    for this dataset and device; and the reason for each choice."""
-    reasons = {}
-    augment_choice = knobs.augment
-    if augment_choice == "auto":
-        augment_choice = "device" if gpu else "batched"
-        reasons["pipeline.augment"] = (
-            "GPU: flips and shift run on the accelerator, at the start of the model"
-            if gpu
-            else "no GPU: vectorized on the host, one map per batch (the model shares these cores anyway)"
+# The `auto`s of these knobs are decisions (train/training/plan.py makes them); `build` needs them made.
+DECIDED_BY_PLAN = ("cache", "augment", "shuffle_before_decode")
+
+
+def require_resolved(knobs: PipelineConfig) -> None:
+    undecided = [f"pipeline.{key}" for key in DECIDED_BY_PLAN if getattr(knobs, key) == "auto"]
+    if undecided:
+        raise ValueError(
+            f"The input pipeline needs its `auto` knobs decided, but {', '.join(undecided)} "
+            f"{'is' if len(undecided) == 1 else 'are'} still 'auto'. Decide them for the dataset and the device "
+            "first: train.training.plan.resolve(cfg, devices, spec) for a whole config (what a run's set-up does), "
+            "or plan.pipeline_choices(knobs, spec, gpu=...) for the pipeline knobs alone."
         )
-    cache = knobs.cache
-    if cache == "auto":
-        batched = dataclasses.replace(knobs, augment=augment_choice, cache="memory")
-        decoded = cache_size_mb(batched, spec, num_examples)
-        encoded = encoded_size_mb(spec, num_examples)
-        limit = knobs.cache_limit_mb
-        if knobs.reader == "python":
-            cache = "memory" if decoded <= limit else "none"
-            why = f"the Python generator's decoded images ({decoded:.0f} MB), limit {limit} MB"
-        elif knobs.random_crop:
-            cache = "encoded" if encoded <= limit else "none"
-            why = f"random_crop decodes a new window every epoch: encoded records ({encoded:.0f} MB)"
-        elif decoded <= limit:
-            cache, why = "memory", f"decoded images ({decoded:.0f} MB) fit in cache_limit_mb ({limit})"
-        elif knobs.cache_dir:
-            cache = "disk"
-            on_disk = decoded_size_mb(spec, knobs, num_examples)  # a snapshot stores no mirrors
-            why = f"decoded images exceed cache_limit_mb ({limit}): a {on_disk:.0f} MB snapshot in {knobs.cache_dir}"
-        elif encoded <= limit:
-            cache = "encoded"
-            why = (
-                f"decoded images ({decoded:.0f} MB) exceed cache_limit_mb ({limit}); the records ({encoded:.0f} MB) fit"
-            )
-        else:
-            cache, why = "none", f"neither decoded ({decoded:.0f} MB) nor encoded ({encoded:.0f} MB) fit in {limit} MB"
-        reasons["pipeline.cache"] = cache + ": " + why
-    before = knobs.shuffle_before_decode
-    if before == "auto":
-        before = cache in ("encoded", "none") and knobs.reader == "tfrecord"
-        reasons["pipeline.shuffle_before_decode"] = (
-            "nothing decoded is cached: shuffle the records, a buffer of JPEG bytes instead of pixels"
-            if before
-            else f"decoded images are cached ({cache}): shuffle them after the cache"
-        )
-    resolved = dataclasses.replace(knobs, augment=augment_choice, cache=cache, shuffle_before_decode=bool(before))
-    return resolved, reasons
 
 
 def shuffles_records(knobs: PipelineConfig) -> bool:
@@ -313,7 +281,6 @@ def build(
     knobs: PipelineConfig,
     *,
     training: bool,
-    num_examples: int,
     batch_size: int,
     seed: int = 0,
     damaged: dict[str, list[bytes]] | None = None,
@@ -322,13 +289,12 @@ def build(
 
     `batch_size` is what one dataset element holds: the global batch for a single-process
     run (a strategy splits it between replicas), the per-replica batch inside
-    `distribute_datasets_from_function`. The run set-up (training/setup.py) derives it from
+    `distribute_datasets_from_function`. The run's plan (training/plan.py) derives it from
     the per-replica `pipeline.batch_size`; nothing here reads that knob.
     `training=False` reads every example once, unshuffled and without augmentation (in file
     order when `pipeline.deterministic`; the optimized preset hands out whichever is ready).
     """
-    if "auto" in (knobs.cache, knobs.augment, knobs.shuffle_before_decode):
-        knobs, _ = resolve(knobs, spec, num_examples, gpu=bool(tf.config.list_physical_devices("GPU")))
+    require_resolved(knobs)
     if knobs.reader == "python":
         dataset = _python_reader(files, spec, knobs, training, seed)
     else:
@@ -398,9 +364,8 @@ def steps_per_epoch(num_examples: int, batch_size: int, drop_remainder: bool) ->
 
 
 def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, batch_size: int) -> str:
-    """One line naming the stages this preset turns on, for logs and reports."""
-    if "auto" in (knobs.cache, knobs.augment, knobs.shuffle_before_decode):
-        knobs, _ = resolve(knobs, spec, num_examples, gpu=False)
+    """One line naming the stages these (resolved) knobs turn on, for logs and reports."""
+    require_resolved(knobs)
     shape = image_shape(spec, knobs)
     size = f" at {shape[0]}px" if shape != spec.image_shape else ""
     shuffle = f"shuffle({knobs.shuffle_buffer})" if knobs.shuffle_buffer else None

@@ -84,16 +84,6 @@ def read_records(path: str) -> Iterator[tuple[int, bytes | CorruptRecord]]:
             index += 1
 
 
-def iter_records(path: str, skip_corrupt: bool = False) -> Iterator[bytes]:
-    """The payloads of a TFRecord file; a damaged record raises CorruptRecord unless skipped."""
-    for _, item in read_records(path):
-        if isinstance(item, CorruptRecord):
-            if skip_corrupt:
-                continue
-            raise item
-        yield item
-
-
 def parse_example(payload: bytes) -> tuple[bytes, int]:
     """(encoded image bytes, label) of one serialized tf.train.Example, without TensorFlow ops."""
     from google.protobuf.message import DecodeError

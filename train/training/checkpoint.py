@@ -83,7 +83,7 @@ def restore(model: keras.Model, folder: str | Path) -> None:
 class Checkpointer(StepCallback):
     """Saves every `every_epochs` epochs and, when `every_steps` > 0, every that many steps.
 
-    It must come after the NaN guard in the callback list (fit_loop.callbacks orders them):
+    It must come after the NaN guard in the callback list (fit_loop.Callbacks orders them):
     the guard marks the model with `stop_training`, nothing is saved from then on, and the last
     checkpoint stays good.
     """
@@ -105,20 +105,19 @@ class Checkpointer(StepCallback):
         self.every_steps = every_steps
         self.keep = keep
         self.history = {k: list(v) for k, v in (history or {}).items()}
-        self.halted = False
         self.saved_step: int | None = None  # the global step of the last checkpoint this run saved
         self._since_save = 0
 
     def step_end(self, steps, logs):
         self._since_save += steps
-        if self.halted or self.model.stop_training:
+        if self.model.stop_training:
             return
         done = self.step + steps
         if self.every_steps and self._since_save >= self.every_steps and done % self.steps_per_epoch:
             self.save(done)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.halted or self.model.stop_training:
+        if self.model.stop_training:
             return
         for key, value in (logs or {}).items():
             self.history.setdefault(key, []).append(float(value))

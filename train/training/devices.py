@@ -1,9 +1,7 @@
-"""Device detection and every `auto` choice, made in one place from the detected devices.
+"""What this machine has: GPUs (name, compute capability), CPU cores and bfloat16 units; and
+splitting the CPU into logical devices to mirror over where there is no GPU.
 
-What speeds up a modern NVIDIA GPU (float16 tensor cores, XLA fusion, many steps per
-host round trip) can slow a CPU down: on the project's 2-core CPUs XLA made a small CNN
-2-4x slower and mixed_bfloat16 about 7x slower. So `auto` means "what is fastest on
-this device", and the choice and its reason are written into the run.
+The choices made from what is found (every `auto`) are made in plan.py.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import platform
 
 import tensorflow as tf
 
-from train.config import TrainConfig
 from train.core.errors import UserError
 
 
@@ -97,87 +94,3 @@ def cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
-
-
-@dataclasses.dataclass(frozen=True)
-class Choices:
-    precision: str
-    jit_compile: bool
-    steps_per_execution: int
-    strategy: str
-    reasons: dict
-
-
-def resolve(train: TrainConfig, devices: Devices) -> Choices:
-    """Replace every `auto` in `train` with the choice for `devices`, and say why."""
-    reasons = {}
-    tensor_cores = bool(devices.gpus) and min(devices.compute_capabilities) >= (7, 0)
-
-    precision = train.precision
-    if precision == "auto":
-        if tensor_cores:
-            precision = "mixed_float16"
-            reasons["precision"] = "GPU with tensor cores (compute capability >= 7.0): float16 math, float32 weights"
-        elif devices.gpus:
-            precision = "float32"
-            reasons["precision"] = "GPU without tensor cores: float16 would not be faster"
-        elif devices.cpu_bf16:
-            precision = "mixed_bfloat16"
-            reasons["precision"] = (
-                "CPU with bfloat16 units (avx512_bf16/amx_bf16): bfloat16 math, float32 "
-                "weights (the ladder's mixed-precision rung measures the gain)"
-            )
-        else:
-            precision = "float32"
-            reasons["precision"] = "CPU without bfloat16 units: float32 (mixed_bfloat16 was ~7x slower on such CPUs)"
-
-    elif precision == "mixed":
-        precision = "mixed_float16" if devices.gpus else "mixed_bfloat16"
-        reasons["precision"] = (
-            "mixed: float16 on GPU" if devices.gpus else "mixed: bfloat16 on CPU (asked for, though slower here)"
-        )
-
-    jit_compile = train.jit_compile
-    if jit_compile == "auto":
-        jit_compile = bool(devices.gpus)
-        reasons["jit_compile"] = (
-            "GPU: XLA fuses small kernels and cuts launch overhead"
-            if devices.gpus
-            else "CPU: XLA measured 2-4x slower for a small CNN on these CPUs (make ladder)"
-        )
-
-    if jit_compile and train.deterministic:
-        # Keras compiles without XLA under op determinism (not every XLA op is deterministic) and
-        # says nothing: the run records what really runs.
-        jit_compile = False
-        reasons["jit_compile"] = "off: train.deterministic (Keras does not compile with XLA under op determinism)"
-
-    steps = train.steps_per_execution
-    if steps == "auto":
-        steps = 1
-        reasons["steps_per_execution"] = (
-            "1: xprof finds no step markers inside a multi-step execution, so larger values leave xprof's "
-            "step-time analysis empty (diagnose infers steps per execution); raise it for small models where host "
-            "overhead dominates (the ladder measures it)"
-        )
-
-    strategy = train.strategy
-    if strategy == "auto":
-        if "TF_CONFIG" in os.environ:
-            strategy = "multi_worker"
-            reasons["strategy"] = "TF_CONFIG is set: one replica set per worker"
-        elif len(devices.gpus) > 1:
-            strategy = "mirrored"
-            reasons["strategy"] = f"{len(devices.gpus)} GPUs on this host: data parallel across them"
-        else:
-            strategy = "default"
-            reasons["strategy"] = "one device"
-
-    if jit_compile and strategy == "mirrored" and not devices.gpus and train.cpu_replicas > 1:
-        # XLA compiles each replica's step for one CPU device and fails on the variables of the
-        # others ("Trying to access resource ... located in device CPU:1 from device CPU:0").
-        jit_compile = False
-        reasons["jit_compile"] = (
-            "off: XLA cannot compile a step mirrored over logical CPUs (variables on other devices)"
-        )
-    return Choices(precision, bool(jit_compile), int(steps), strategy, reasons)

@@ -18,7 +18,7 @@ from train.core.errors import Stopped
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.profiling import StepTraceProfiler
 from train.measure.throughput import StepTimer
-from train.training import checkpoint, guards
+from train.training import checkpoint, compiled_model, guards, plan, run_summary
 from train.training import setup as setup_lib
 from train.training.setup import RunSetup
 
@@ -54,7 +54,7 @@ class Callbacks:
     def __init__(self, setup: RunSetup, done_steps: int, history: dict, log):
         cfg = setup.cfg
         steps, epochs = setup.steps_per_epoch, cfg.train.epochs
-        self.warmup = setup_lib.warmup_steps(cfg.train.warmup_steps, steps, epochs - done_steps // steps)
+        self.warmup = plan.warmup_steps(cfg.train.warmup_steps, steps, epochs - done_steps // steps)
         self.guard = guards.NanGuard(done_steps)
         self.timer = StepTimer(setup.global_batch, self.warmup, setup.run_dir / "train")
         self.profiler = None
@@ -125,7 +125,8 @@ class Callbacks:
 
 def train(setup: RunSetup, log=print) -> dict:
     cfg, spec = setup.cfg, setup.spec
-    model = setup_lib.build_model(cfg, spec, setup.choices, setup.strategy, setup.steps_per_epoch * cfg.train.epochs)
+    total_steps = setup.steps_per_epoch * cfg.train.epochs
+    model = compiled_model.build_model(cfg, spec, setup.choices, setup.strategy, total_steps)
     if cfg.profile.enabled and setup.choices.steps_per_execution > 1:
         log(
             f"{setup.tag} note: with steps_per_execution={setup.choices.steps_per_execution} xprof finds no step "
@@ -191,7 +192,7 @@ def train(setup: RunSetup, log=print) -> dict:
     utilization = None
     if callbacks.sampler is not None:
         utilization = callbacks.sampler.summary(since=callbacks.timer.steady_since or 0.0)
-    result = setup_lib.summary(setup, model, history, callbacks.timer.summary(), wall, callbacks.warmup, utilization)
+    result = run_summary.summary(setup, model, history, callbacks.timer.summary(), wall, callbacks.warmup, utilization)
     if cfg.pipeline.skip_corrupt:
         files.write_scalars(setup.run_dir / "train", [("data/skipped_records", len(setup.skipped), 0)], ".data")
-    return setup_lib.finish(setup, model, result, log=log)
+    return run_summary.finish(setup, model, result, log=log)

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import keras
 
+from train.core import outputs
 from train.core.errors import Stopped, UserError
 from train.core.steps import StepCallback
+from train.training import plan
 
 
 class NanGuard(StepCallback):
@@ -50,11 +52,6 @@ def nan_error(tripped: dict, last_checkpoint: str | None, learning_rate: float) 
     )
 
 
-def sweep_file(runs_dir: str | Path) -> Path:
-    """Where `make sweep-batch` writes its result (its default --out under runs_dir)."""
-    return Path(runs_dir) / "sweep-batch" / "sweep.json"
-
-
 def largest_batch_that_fit(path: Path) -> int | None:
     """From the last batch-size sweep on this machine, or None when there is none."""
     try:
@@ -64,7 +61,7 @@ def largest_batch_that_fit(path: Path) -> int | None:
 
 
 def oom_error(batch_size: int, device: str, runs_dir: str | Path) -> UserError:
-    path = sweep_file(runs_dir)
+    path = outputs.sweep_result(runs_dir)
     largest_that_fit = largest_batch_that_fit(path)
     if largest_that_fit:
         hint = (
@@ -126,10 +123,9 @@ class StallWatchdog(keras.callbacks.Callback):
             self._stop.set()
 
 
-def stall_timeout(setting, data_service: str | None) -> float:
-    if setting == "auto":
-        return 300.0 if data_service else 0.0
-    return float(setting)
+def stall_timeout(setting: float | str, data_service: str | None) -> float:
+    """train.stall_timeout_s in seconds (0: no watchdog); a planned config has it decided already."""
+    return plan.stall_timeout(data_service)[0] if setting == "auto" else float(setting)
 
 
 class GracefulStop(StepCallback):

@@ -1,0 +1,64 @@
+"""What a loop gets from the run set-up (setup.prepare): the resolved config, the dataset, the devices
+and choices, the strategy, this process's task, the global batch, where to resume, what to skip."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import tensorflow as tf
+
+from train.config import Config
+from train.input import pipeline
+from train.shards.spec import DatasetSpec
+from train.training.devices import Devices
+from train.training.plan import Choices
+from train.training.task import Task
+
+
+@dataclasses.dataclass
+class RunSetup:
+    cfg: Config  # resolved: no `auto` left that the plan decides
+    spec: DatasetSpec
+    found: Devices
+    choices: Choices
+    strategy: tf.distribute.Strategy
+    task: Task
+    global_batch: int
+    steps_per_epoch: int
+    config_path: str | None = None
+    build_hint: str = "make data"
+    resume: dict | None = None
+    damaged: dict = dataclasses.field(default_factory=dict)  # shard -> readable records (skip_corrupt)
+    skipped: list = dataclasses.field(default_factory=list)
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.run_dir
+
+    @property
+    def tag(self) -> str:
+        return f"[{self.cfg.name}{self.task.label}]"
+
+    @property
+    def validation_steps(self) -> int:
+        """Batches in one pass over the validation split (the last one may be short)."""
+        return pipeline.steps_per_epoch(self.spec.num_val, self.global_batch, drop_remainder=False)
+
+    def build(
+        self, files_, *, training: bool, seed: int | None = None, batch_size: int | None = None
+    ) -> tf.data.Dataset:
+        """The pipeline of this run for `files_`, batched at the global batch unless told otherwise."""
+        return pipeline.build(
+            files_,
+            self.spec,
+            self.cfg.pipeline,
+            training=training,
+            batch_size=batch_size or self.global_batch,
+            seed=self.cfg.train.seed if seed is None else seed,
+            damaged=self.damaged,
+        )
