@@ -424,20 +424,27 @@ def test_preempting_one_worker_at_three_steps_stops_all_and_resumes_to_the_unint
 
     # The uninterrupted reference, with the local launcher and a profile window on every worker.
     fit_args = pod_command(container, {}, {})[3:]
-    profiled = ["profile.enabled=true", "profile.start_step=5", "profile.num_steps=3", "name=reference"]
+    measured = ["profile.enabled=true", "profile.start_step=5", "profile.num_steps=3", "monitor.enabled=true"]
     launcher = processes.start(
         "reference",
         [sys.executable, "-m", "train", "launch", "--workers", "2", "--", *fit_args]
-        + [arg for item in overrides + profiled for arg in ("--set", item)],
+        + [arg for item in overrides + measured + ["name=reference"] for arg in ("--set", item)],
         base_env(),
     )
     wait_all([launcher], 300)
     assert launcher.returncode == 0 and "all 2 workers finished" in output(launcher), output(launcher)[-3000:]
+    assert "[worker 1] " in output(launcher) and output(launcher).count(" done: ") == 1  # the chief's summary
     reference = json.loads((runs / "reference" / "summary.json").read_text())
+    assert reference["workers"] == reference["replicas"] == 2 and reference["global_batch_size"] == 16
+    fingerprints = {json.loads(p.read_text())["weights_sha256"] for p in (runs / "reference" / "workers").glob("*")}
+    assert fingerprints == {reference["weights_sha256"]} and (runs / "reference" / "model.keras").exists()
     assert reference["skipped_records"] == 1
     assert reference["profile"] is not None and reference["input_bound_percent"] is not None
     assert list((runs / "reference").glob("plugins/profile/*/*.xplane.pb")), "the chief's profile"
     assert list((runs / "reference" / "workers" / "worker-1").glob("plugins/profile/*/*.xplane.pb"))
+    assert reference["cpu_utilization_percent"] is not None  # the chief samples its host ...
+    for folder in (runs / "reference", runs / "reference" / "workers" / "worker-1"):  # ... and so does each worker
+        assert list((folder / "system").glob("events.out.tfevents.*")), folder
     kept = [folder.name for folder in checkpoint.list_checkpoints(runs / "reference")]
     assert kept == ["step-00000115", "step-00000120"]  # every_steps mid-epoch, then the run's end
 

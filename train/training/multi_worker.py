@@ -38,6 +38,7 @@ import tensorflow as tf
 from train import models
 from train.core import files
 from train.core.errors import RunFailed, Stopped, UserError
+from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.profiling import StepTraceProfiler
 from train.measure.throughput import StepTimer
 from train.training import checkpoint, cluster, guards
@@ -82,6 +83,7 @@ class _Loop:
         self.history: dict = {}
         self.saver = None
         self.watchdog = None
+        self.sampler = Sampler(cfg.monitor.interval_s) if cfg.monitor.enabled else None
 
     def run(self) -> dict:
         setup, cfg = self.setup, self.setup.cfg
@@ -92,6 +94,8 @@ class _Loop:
         writer = files.scalar_writer(setup.run_dir / "train") if self.chief else None
         val_ds = setup.build(setup.spec.val_files, training=False) if self.chief else None
         started = time.perf_counter()
+        if self.sampler is not None:
+            self.sampler.start()
         callbacks.on_train_begin()
         try:
             for epoch in range(done // self.steps, self.epochs):
@@ -112,9 +116,14 @@ class _Loop:
             callbacks.on_train_end()
             if self.watchdog is not None:
                 self.watchdog.stop()
+            if self.sampler is not None:
+                self.sampler.stop()
         wall = time.perf_counter() - started
         history = self.saver.history if self.saver is not None else self.history
-        result = setup_lib.summary(setup, self.model, history, self.timer.summary(), wall, self.timer.warmup_steps)
+        utilization = self.sampler.summary(since=self.timer.steady_since or 0.0) if self.sampler else None
+        result = setup_lib.summary(
+            setup, self.model, history, self.timer.summary(), wall, self.timer.warmup_steps, utilization
+        )
         if self.chief and cfg.pipeline.skip_corrupt:
             files.write_scalars(setup.run_dir / "train", [("data/skipped_records", len(setup.skipped), 0)], ".data")
         return setup_lib.finish(setup, self.model, result, log=self.log)
@@ -273,8 +282,9 @@ class _Loop:
         return train_step
 
     def _callbacks(self, done: int) -> keras.callbacks.CallbackList:
-        """The `fit` loop's callbacks, in its order: profiler before the timer, checkpointer after it,
-        the stall watchdog last. Every worker profiles into its own folder (the chief into the run's)."""
+        """The `fit` loop's callbacks, in its order: profiler before the timer, checkpointer and monitor
+        after it, the stall watchdog last. Every worker profiles and samples its own host into its own
+        folder (the chief into the run's)."""
         setup, cfg = self.setup, self.setup.cfg
         remaining = self.steps * self.epochs - done
         warmup = setup_lib.warmup_steps(cfg.train.warmup_steps, self.steps, self.epochs - done // self.steps)
@@ -282,7 +292,7 @@ class _Loop:
         ordered = [None, self.timer]
         if cfg.profile.enabled:
             start = max(0, min(cfg.profile.start_step, remaining - cfg.profile.num_steps - 2))
-            ordered[0] = StepTraceProfiler(profile_dir(setup), start, cfg.profile.num_steps)
+            ordered[0] = StepTraceProfiler(worker_dir(setup), start, cfg.profile.num_steps)
         if self.chief and cfg.checkpoint.enabled:
             self.saver = checkpoint.Checkpointer(
                 setup.run_dir,
@@ -294,6 +304,9 @@ class _Loop:
                 history=self.history,
             )
             ordered.append(self.saver)
+        if self.sampler is not None:
+            say = lambda message: self.log(f"{setup.tag} {message}")  # noqa: E731
+            ordered.append(MonitorCallback(self.sampler, worker_dir(setup) / "system", log=say))
         timeout = guards.stall_timeout(cfg.train.stall_timeout_s, cfg.pipeline.data_service)
         if timeout:
             where = f"the tf.data service at {cfg.pipeline.data_service}" if cfg.pipeline.data_service else "the input"
@@ -306,10 +319,10 @@ class _Loop:
         return keras.callbacks.CallbackList([c for c in ordered if c is not None], model=self.model)
 
 
-def profile_dir(setup: RunSetup) -> Path:
-    """Where this worker's profile goes: the chief's in the run folder (so `diagnose` and the summary
-    find it), every other worker's under workers/<task>/ (profiles are named by host, and local
-    workers share one)."""
+def worker_dir(setup: RunSetup) -> Path:
+    """Where this worker's profile and utilization samples go: the chief's in the run folder (so
+    `diagnose` and the summary find them), every other worker's under workers/<task>/ (profiles are
+    named by host, and local workers share one)."""
     if setup.task.is_chief:
         return setup.run_dir
     return setup.run_dir / "workers" / f"{setup.task.kind}-{setup.task.index}"
