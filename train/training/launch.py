@@ -24,6 +24,8 @@ from train.core.errors import UserError
 from train.training import cluster
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# A closed terminal hangs up on the launcher alone (the workers have their own sessions): pass it on as a stop.
+FORWARDED = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM}
 STOPPED = {128 + signum for signum in STOP_SIGNALS}
 
 
@@ -107,18 +109,18 @@ def _start(index: int, addresses: list[str], command: list[str]) -> subprocess.P
 
 
 def _forward_signals(processes: list[subprocess.Popen], received: list[int]) -> dict:
-    """Pass the first Ctrl-C or SIGTERM on to every worker; a second one stops them at once."""
+    """Pass the first Ctrl-C, SIGTERM or hang-up on to every worker; a second one stops them at once."""
 
     def forward(signum, frame):
         again = bool(received)
-        received.append(signum)
+        received.append(FORWARDED[signum])
         for process in processes:
             if process.poll() is None:
-                process.send_signal(signal.SIGKILL if again else signum)
+                process.send_signal(signal.SIGKILL if again else FORWARDED[signum])
 
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
+    return {signum: signal.signal(signum, forward) for signum in FORWARDED}
 
 
 def _wait(processes: list[subprocess.Popen], received: list[int], stop_grace_s: float) -> tuple:
