@@ -26,8 +26,10 @@ host with TF_CONFIG set (see README).
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -141,7 +143,10 @@ class _Loop:
             try:
                 shared = train_step(iterator, tf.constant(requests, tf.float32)).numpy()
             except _peer_errors() as error:
-                raise peer_lost(error, self.setup.tag, epoch, index, self.setup) from None
+                failure = peer_lost(error, self.setup.tag, epoch, index, self.setup)
+                if self.setup.cfg.pipeline.data_service:
+                    _exit_now(failure, 3)
+                raise failure from None
             except tf.errors.ResourceExhaustedError:
                 raise guards.oom_error(
                     self.setup.cfg.pipeline.batch_size, self.setup.found.describe(), self.setup.cfg.runs_dir
@@ -340,6 +345,19 @@ def _from_chief(strategy: tf.distribute.Strategy, value: float) -> float:
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(first_replica_only, args=(value,)), axis=None)
 
     return float(share(tf.constant(value, tf.float64)))
+
+
+def _exit_now(error: Exception, status: int) -> None:
+    """Print `error` as the CLI does and end the process at once.
+
+    When a peer is lost while the tf.data service's workers are gone too, a read from the service
+    stays blocked inside TensorFlow, and the iterator's teardown waits for it forever (observed: a
+    worker that printed this error and never exited). The stall watchdog exits the same way for the
+    same reason; checkpoints are written atomically, so nothing is left half-done.
+    """
+    sys.stdout.flush()
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    os._exit(status)
 
 
 def _evaluate(model: keras.Model, dataset: tf.data.Dataset, loss_fn, watchdog=None) -> dict:
