@@ -113,7 +113,7 @@ $(CONTAINER_VENV)/.installed: pyproject.toml constraints-container.txt
 	$(CONTAINER_VENV)/bin/python -m pip install -c $(CONTAINER_VENV)/keep-base.txt -c constraints-container.txt -e ".[dev]"
 	@touch $@
 
-lint: setup ## Lint the code (ruff) and the Dockerfile (hadolint), validate docker-compose.yml (Compose v2), offline
+lint: setup ## Lint the code (ruff) and the Dockerfile (hadolint), validate docker-compose.yml (Compose v2) and the Kubernetes manifests, offline
 	$(PY) -m train lint $(ARGS)
 
 # Kubernetes (see README, "Scaling out: Kubernetes"): the manifests of deploy/k8s/ for your image and

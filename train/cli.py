@@ -346,7 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.set_defaults(func=cmd_k8s)
 
     lint = commands.add_parser(
-        "lint", help="check the code (ruff), Dockerfile (hadolint) and docker-compose.yml (Compose v2), offline"
+        "lint",
+        help="check the code (ruff), Dockerfile (hadolint), docker-compose.yml (Compose v2) and the Kubernetes "
+        "manifests (kubernetes-validate), offline",
     )
     lint.add_argument("--dockerfile", default="Dockerfile")
     lint.add_argument("--compose-file", default="docker-compose.yml")
