@@ -436,7 +436,9 @@ def test_preempting_one_worker_at_three_steps_stops_all_and_resumes_to_the_unint
     assert "[worker 1] " in output(launcher) and output(launcher).count(" done: ") == 1  # the chief's summary
     reference = json.loads((runs / "reference" / "summary.json").read_text())
     assert reference["workers"] == reference["replicas"] == 2 and reference["global_batch_size"] == 16
-    fingerprints = {json.loads(p.read_text())["weights_sha256"] for p in (runs / "reference" / "workers").glob("*.json")}
+    fingerprints = {
+        json.loads(p.read_text())["weights_sha256"] for p in (runs / "reference" / "workers").glob("*.json")
+    }
     assert fingerprints == {reference["weights_sha256"]} and (runs / "reference" / "model.keras").exists()
     assert reference["skipped_records"] == 1
     assert reference["profile"] is not None and reference["input_bound_percent"] is not None
