@@ -113,8 +113,15 @@ $(CONTAINER_VENV)/.installed: pyproject.toml constraints-container.txt
 	$(CONTAINER_VENV)/bin/python -m pip install -c $(CONTAINER_VENV)/keep-base.txt -c constraints-container.txt -e ".[dev]"
 	@touch $@
 
-lint: setup ## Lint the code (ruff) and the Dockerfile (hadolint), validate docker-compose.yml (Compose v2), offline
+lint: setup ## Lint the code (ruff) and the Dockerfile (hadolint), validate docker-compose.yml (Compose v2) and the Kubernetes manifests, offline
 	$(PY) -m train lint $(ARGS)
+
+# Kubernetes (see README, "Scaling out: Kubernetes"): the manifests of deploy/k8s/ for your image and
+# number of trainer pods, written to deploy/k8s/rendered/ for `kubectl apply -f`.
+IMAGE ?= gpu-utilization-template:latest
+.PHONY: k8s
+k8s: setup ## Render the Kubernetes manifests for IMAGE with WORKERS trainer pods into deploy/k8s/rendered/
+	$(PY) -m train k8s --image $(IMAGE) --workers $(WORKERS) $(ARGS)
 
 # The GPU path (see README, "GPU in Docker"). Each target needs a Docker engine with Compose v2
 # and the NVIDIA Container Toolkit, and stops at once with a clear message where there is none.

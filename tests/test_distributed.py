@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import pytest
 from tests.conftest import ROOT, build_pipeline, data_sets, run_cli
 from train import config
 from train.input import pipeline, service
-from train.training import fit_loop
+from train.training import checkpoint, fit_loop
 from train.training.launch import free_ports
 
 QUICK = [
@@ -109,29 +110,6 @@ def launch_command(tiny_data_dir: Path, runs: Path, epochs: int = 2) -> list[str
 
 @pytest.mark.slow
 @pytest.mark.timeout(360)
-def test_two_local_workers_train_and_end_with_identical_weights(tiny_data_dir, tmp_path):
-    result = subprocess.run(
-        launch_command(tiny_data_dir, tmp_path),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "all 2 workers finished" in result.stdout
-    workers = [json.loads(p.read_text()) for p in sorted((tmp_path / "mw" / "workers").glob("*.json"))]
-    assert [w["task"] for w in workers] == ["worker:0", "worker:1"]
-    assert workers[0]["weights_sha256"] == workers[1]["weights_sha256"]
-    summary = json.loads((tmp_path / "mw" / "summary.json").read_text())  # written by the chief alone
-    assert summary["replicas"] == 2 and summary["global_batch_size"] == 16 and summary["workers"] == 2
-    assert summary["weights_sha256"] == workers[0]["weights_sha256"] and len(summary["history"]["val_loss"]) == 2
-    assert (tmp_path / "mw" / "checkpoints").is_dir() and (tmp_path / "mw" / "model.keras").exists()
-    assert "[worker 1]" in result.stdout and result.stdout.count("done:") == 1
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(360)
 def test_a_dying_worker_stops_the_run_with_a_clear_error_in_bounded_time(tiny_data_dir, tmp_path):
     launcher = subprocess.Popen(
         launch_command(tiny_data_dir, tmp_path, epochs=400),
@@ -162,6 +140,41 @@ def test_a_dying_worker_stops_the_run_with_a_clear_error_in_bounded_time(tiny_da
         for child in psutil.Process(os.getpid()).children(recursive=True):
             if child.pid != os.getpid():
                 child.kill()
+        launcher.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_ctrl_c_on_the_launcher_stops_every_worker_after_one_step_with_a_checkpoint(tiny_data_dir, tmp_path):
+    """The launcher passes one SIGINT on to each worker (in their own process groups, so a terminal's Ctrl-C
+    reaches them only through it); they agree on a step, the chief saves there, all exit 130."""
+    launcher = subprocess.Popen(
+        launch_command(tiny_data_dir, tmp_path, epochs=400),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 180
+        for line in launcher.stdout:
+            if "epoch 2/" in line or time.monotonic() > deadline:
+                break
+        workers = psutil.Process(launcher.pid).children()
+        launcher.send_signal(signal.SIGINT)
+        stdout, stderr = launcher.communicate(timeout=120)
+        assert launcher.returncode == 130, stderr[-3000:]
+        assert "stopped: every worker exited (130, 130)" in stderr
+        assert all(not worker.is_running() for worker in workers)
+        stops = re.findall(r"stopped by SIGINT \(received here\) after step (\d+)", stdout)
+        assert len(stops) == 2 and stops[0] == stops[1], stdout[-3000:]
+        assert checkpoint.latest(tmp_path / "mw")[1]["global_step"] == int(stops[0])
+    finally:
+        for child in psutil.Process(os.getpid()).children(recursive=True):
+            child.kill()
+        if launcher.poll() is None:
+            launcher.kill()
         launcher.wait(timeout=30)
 
 

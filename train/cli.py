@@ -85,6 +85,9 @@ def cmd_data(args) -> int:
 
 def cmd_fit(args) -> int:
     cfg = _load(args)  # every config error surfaces before TensorFlow is imported
+    from train.training import cluster
+
+    cluster.export(log=print)  # TF_CONFIG from a Kubernetes Indexed Job's pod, when it is not set
     import_tensorflow()
 
     from train import sources
@@ -212,6 +215,34 @@ def _profile_parsers(commands) -> None:
     bench.add_argument("--steps", type=int, default=3000, help="training steps per trial (default: %(default)s)")
     bench.add_argument("--out", default="runs/bench-profile", help="output folder (default: %(default)s)")
     bench.set_defaults(func=cmd_bench_profile)
+
+
+def cmd_k8s(args) -> int:
+    from train.training import k8s
+
+    return k8s.main(args)
+
+
+def _k8s_parser(commands) -> None:
+    k8s = commands.add_parser(
+        "k8s", help="render the Kubernetes manifests (deploy/k8s/) for an image and a number of workers"
+    )
+    k8s.add_argument("--image", default="gpu-utilization-template:latest", help="the image every pod runs")
+    k8s.add_argument("--workers", type=int, default=2, help="trainer pods, one per worker (default: %(default)s)")
+    k8s.add_argument("--gpus-per-worker", type=int, default=1, help="nvidia.com/gpu per trainer pod; 0 for CPU")
+    k8s.add_argument("--data-workers", type=int, default=2, help="tf.data service workers; 0 renders no data service")
+    k8s.add_argument("--config", default="configs/optimized.yaml", help="the preset the pods run (in the image)")
+    k8s.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for the dataset Job and the trainer (repeatable)",
+    )
+    k8s.add_argument("--storage-class", help="StorageClass of the volumes (default: the cluster's)")
+    k8s.add_argument("--out", default="deploy/k8s/rendered", help="output folder (default: %(default)s)")
+    k8s.set_defaults(func=cmd_k8s)
 
 
 def cmd_lint(args) -> int:
@@ -365,9 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch.set_defaults(func=cmd_launch)
 
     _profile_parsers(commands)
+    _k8s_parser(commands)
 
     lint = commands.add_parser(
-        "lint", help="check the code (ruff), Dockerfile (hadolint) and docker-compose.yml (Compose v2), offline"
+        "lint",
+        help="check the code (ruff), Dockerfile (hadolint), docker-compose.yml (Compose v2) and the Kubernetes "
+        "manifests (kubernetes-validate), offline",
     )
     lint.add_argument("--dockerfile", default="Dockerfile")
     lint.add_argument("--compose-file", default="docker-compose.yml")

@@ -90,4 +90,49 @@ def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml
         f"hadolint {dockerfile}: {len(findings)} finding(s); compose config {compose_file}: "
         + ("valid" if result.returncode == 0 else "INVALID")
     )
-    return 1 if code_problems or broken or findings or result.returncode != 0 else 0
+    k8s_problems = kubernetes_manifests()
+    for line in k8s_problems:
+        print(line)
+    print(
+        f"kubernetes-validate --strict {', '.join(KUBERNETES_VERSIONS)}: "
+        + (f"{len(k8s_problems)} problem(s)" if k8s_problems else "every rendered manifest valid")
+    )
+    return 1 if code_problems or broken or findings or result.returncode != 0 or k8s_problems else 0
+
+
+# The Kubernetes manifests (deploy/k8s/), rendered as `make k8s` renders them, validated offline
+# against the API schemas of the newest minor versions that the pinned kubernetes-validate bundles.
+KUBERNETES_VERSIONS = ("1.35", "1.36", "1.37")
+
+
+def kubernetes_manifests(versions: tuple[str, ...] = KUBERNETES_VERSIONS) -> list[str]:
+    """What kubernetes-validate (strict: unknown fields are errors) finds in the templates as they are and
+    in two renderings (the defaults; 4 CPU-only workers, no data service, a storage class, overrides)."""
+    import kubernetes_validate
+    from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
+
+    from train.training import k8s
+
+    variants = {
+        "templates": k8s.load_templates(),
+        "make k8s": k8s.render(k8s.Options()),
+        "make k8s WORKERS=4 (CPU, no data service)": k8s.render(
+            k8s.Options(workers=4, gpus_per_worker=0, data_workers=0, overrides=["train.epochs=3"], storage_class="nfs")
+        ),
+    }
+    problems = []
+    for variant, rendered in variants.items():
+        for name, docs in rendered.items():
+            for doc in docs:
+                for version in versions:
+                    try:
+                        kubernetes_validate.validate(doc, version, strict=True)
+                    except ValidationError as error:
+                        where = "/".join(str(part) for part in error.path) or "(top)"
+                        problems.append(
+                            f"{k8s.TEMPLATES}/{name} ({variant}) {doc['kind']}/{doc['metadata']['name']} "
+                            f"Kubernetes {version}: {where}: {error.message}"
+                        )
+                    except SchemaNotFoundError as error:
+                        problems.append(f"{k8s.TEMPLATES}/{name} ({variant}): {error.message}")
+    return problems

@@ -3,17 +3,33 @@
 Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so a
 multi-worker run uses TensorFlow's own custom-loop API: `distribute_datasets_from_function`
 (each worker reads its own shards: file-level sharding) and `strategy.run`. The run is set up
-by setup.py exactly like a `fit` run (same model, loss, optimizer, metrics, summary schema);
-the chief (worker 0) alone writes the run folder, every worker writes
+by setup.py exactly like a `fit` run (same model, loss, optimizer, metrics, summary schema)
+and drives the same callbacks as `fit` does: the step timer, the profile window (one profile
+per worker), the checkpointer (the chief's, `checkpoint.every_steps` included) and the stall
+watchdog. The chief (worker 0) alone writes the run folder; every worker writes
 `workers/<task>.json` with a fingerprint of its final weights, so identical weights can be
 checked. Collectives time out after `train.collective_timeout_s` instead of hanging.
-Start local workers with `python -m train launch` (launch.py); across hosts, run the same
-`python -m train fit ...` on each host with TF_CONFIG set (see README).
+
+Agreement instead of guessing: every decision that all workers must take together rides on a
+collective, so every worker reads the same value and none is left waiting in a collective
+that the others have left.
+- Where to resume: the chief's newest checkpoint, shared at start-up (another worker's view
+  of the shared folder may lag behind, or hold a checkpoint that the chief does not resume).
+- When to stop: a SIGTERM (a preemption, `kubectl delete`) or Ctrl-C on any worker is added
+  into the next step's all-reduce; every worker stops after that same step, the chief saves a
+  checkpoint there, and all exit 143 (130) with one line. A restart resumes from that step.
+
+Start local workers with `python -m train launch` (launch.py); on Kubernetes, TF_CONFIG comes
+from the pod's index (cluster.py, deploy/k8s/); elsewhere run `python -m train fit ...` on each
+host with TF_CONFIG set (see README).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -23,143 +39,344 @@ import tensorflow as tf
 
 from train import models
 from train.core import files
-from train.core.errors import RunFailed, UserError
+from train.core.errors import RunFailed, Stopped, UserError
+from train.measure.monitor import MonitorCallback, Sampler
+from train.measure.profiling import StepTraceProfiler
 from train.measure.throughput import StepTimer
-from train.training import checkpoint, guards
+from train.training import checkpoint, cluster, guards
 from train.training import setup as setup_lib
 from train.training.setup import RunSetup
 
+# A stop request's place in the vector every step all-reduces after the loss.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# How long a worker waits for the chief's checkpoint to show on the shared runs folder.
+CHECKPOINT_VISIBLE_S = 60.0
+
 
 def train(setup: RunSetup, log=print) -> dict:
-    cfg, spec, strategy = setup.cfg, setup.spec, setup.strategy
-    steps, batch, tag = setup.steps_per_epoch, setup.global_batch, setup.tag
-    log(f"{tag} {setup.replicas} replicas in sync, global batch {batch}, precision {setup.choices.precision}")
-    model = setup_lib.build_model(cfg, spec, setup.choices, strategy, steps * cfg.train.epochs)
-    optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16, wrapped by compile
+    cfg, strategy = setup.cfg, setup.strategy
+    log(
+        f"{setup.tag} {setup.replicas} replicas in sync, global batch {setup.global_batch}, "
+        f"precision {setup.choices.precision}"
+    )
+    model = setup_lib.build_model(cfg, setup.spec, setup.choices, strategy, setup.steps_per_epoch * cfg.train.epochs)
     with strategy.scope():
-        optimizer.build(model.trainable_variables)
-    if cfg.checkpoint.every_steps:
-        log(f"{tag} note: the multi-worker loop checkpoints at epoch ends only; checkpoint.every_steps is ignored")
-    start_epoch, resume = 0, setup.resume
-    if resume and not resume["step_in_epoch"]:
-        checkpoint.restore(model, resume["folder"])
-        start_epoch = resume["epoch"]
-        log(f"{tag} resuming from {resume['folder']} (epoch {start_epoch + 1})")
+        model.optimizer.build(model.trainable_variables)  # a LossScaleOptimizer under mixed_float16
+    loop = _Loop(setup, model, log)
+    loop.stopper.install()  # from here a signal is noted and shared with the next step, not fatal
+    try:
+        return loop.run()
+    finally:
+        loop.stopper.uninstall()
 
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        # File-level sharding done here, explicitly: each worker reads every N-th shard.
-        shards = spec.train_files[context.input_pipeline_id :: context.num_input_pipelines]
-        if not shards:
-            raise UserError(
-                f"{len(spec.train_files)} training shards cannot feed {context.num_input_pipelines} "
-                "workers: build the dataset with at least one shard per worker (data.num_shards)."
-            )
-        dataset = setup.build(
-            shards,
-            training=True,
-            seed=cfg.train.seed + context.input_pipeline_id,
-            batch_size=context.get_per_replica_batch_size(batch),
+
+class _Loop:
+    """One worker's part of a multi-worker run: steps, epoch ends, a shared stop."""
+
+    def __init__(self, setup: RunSetup, model: keras.Model, log):
+        cfg = setup.cfg
+        self.setup, self.model, self.log = setup, model, log
+        self.steps, self.epochs = setup.steps_per_epoch, cfg.train.epochs
+        self.chief = setup.task.is_chief
+        self.stopper = guards.GracefulStop(None, self.steps, self.epochs, grace_s=cluster.STOP_GRACE_S)
+        self.loss_fn = models.loss()
+        # Training metrics over this worker's examples (the loss is averaged over every worker's).
+        self.train_metrics = models.metrics()
+        self.history: dict = {}
+        self.saver = None
+        self.watchdog = None
+        self.sampler = Sampler(cfg.monitor.interval_s) if cfg.monitor.enabled else None
+
+    def run(self) -> dict:
+        setup, cfg = self.setup, self.setup.cfg
+        done = self._resume()
+        iterator = iter(setup.strategy.distribute_datasets_from_function(self._dataset_fn(done)))
+        train_step = self._train_step()
+        callbacks = self._callbacks(done)
+        writer = files.scalar_writer(setup.run_dir / "train") if self.chief else None
+        val_ds = setup.build(setup.spec.val_files, training=False) if self.chief else None
+        started = time.perf_counter()
+        if self.sampler is not None:
+            self.sampler.start()
+        callbacks.on_train_begin()
+        try:
+            for epoch in range(done // self.steps, self.epochs):
+                callbacks.on_epoch_begin(epoch)
+                losses, stop = self._epoch(epoch, done, iterator, train_step, callbacks)
+                logs = {"loss": float(np.mean(losses)), **{m.name: float(m.result()) for m in self.train_metrics}}
+                done = (epoch + 1) * self.steps
+                if stop and epoch + 1 < self.epochs:
+                    if self.chief:  # the epoch's metrics and validation go into its checkpoint first
+                        logs.update(_evaluate(self.model, val_ds, self.loss_fn, self.watchdog))
+                        self._epoch_end(epoch, logs, writer, callbacks)
+                    raise self._stopped(done, stop)
+                if self.chief:
+                    logs.update(_evaluate(self.model, val_ds, self.loss_fn, self.watchdog))
+                    self._epoch_end(epoch, logs, writer, callbacks)
+                self.log(f"{setup.tag} epoch {epoch + 1}/{self.epochs}: " + _format(logs))
+        finally:
+            callbacks.on_train_end()
+            if self.watchdog is not None:
+                self.watchdog.stop()
+            if self.sampler is not None:
+                self.sampler.stop()
+        wall = time.perf_counter() - started
+        history = self.saver.history if self.saver is not None else self.history
+        utilization = self.sampler.summary(since=self.timer.steady_since or 0.0) if self.sampler else None
+        result = setup_lib.summary(
+            setup, self.model, history, self.timer.summary(), wall, self.timer.warmup_steps, utilization
         )
-        shard_options = tf.data.Options()
-        shard_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        # Each step takes one batch per replica of this worker: skip that many per finished step.
-        local_replicas = max(1, setup.replicas // context.num_input_pipelines)
-        return dataset.with_options(shard_options).skip(start_epoch * steps * local_replicas)
+        if self.chief and cfg.pipeline.skip_corrupt:
+            files.write_scalars(setup.run_dir / "train", [("data/skipped_records", len(setup.skipped), 0)], ".data")
+        return setup_lib.finish(setup, self.model, result, log=self.log)
 
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    loss_fn = models.loss()
-    # Training metrics over this worker's examples (the loss is averaged over every worker's).
-    train_metrics = models.metrics()
-
-    @tf.function
-    def train_step(iterator):
-        def step(images, labels):
-            with tf.GradientTape() as tape:
-                logits = model(images, training=True)
-                loss = tf.nn.compute_average_loss(loss_fn.call(labels, logits), global_batch_size=batch)
-                scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
-            gradients = tape.gradient(scaled, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            return loss, labels, logits
-
-        images, labels = next(iterator)
-        loss, labels, logits = strategy.run(step, args=(images, labels))
-        for metric in train_metrics:
-            metric.update_state(
-                tf.concat(strategy.experimental_local_results(labels), 0),
-                tf.concat(strategy.experimental_local_results(logits), 0),
-            )
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
-
-    writer = files.scalar_writer(setup.run_dir / "train") if setup.task.is_chief else None
-    warmup = setup_lib.warmup_steps(cfg.train.warmup_steps, steps, cfg.train.epochs - start_epoch)
-    timer = StepTimer(batch, warmup)
-    history = dict(resume["history"]) if resume and start_epoch else {}
-    saver = None
-    if setup.task.is_chief and cfg.checkpoint.enabled:
-        saver = checkpoint.Checkpointer(
-            setup.run_dir,
-            steps,
-            cfg.checkpoint.every_epochs,
-            0,
-            cfg.checkpoint.keep,
-            start_global_step=start_epoch * steps,
-            history=history,
-        )
-        saver.set_model(model)
-    val_ds = setup.build(spec.val_files, training=False)
-    peer_errors = _peer_errors()
-    started = time.perf_counter()
-    for epoch in range(start_epoch, cfg.train.epochs):
-        timer.on_epoch_begin(epoch)
-        for metric in train_metrics:
+    def _epoch(self, epoch: int, done: int, iterator, train_step, callbacks) -> tuple[list, int | None]:
+        """The steps of one epoch (from where the run resumed). Returns the losses and the agreed stop
+        signal when every worker is to stop after this epoch's last step, else None; raises when they
+        agreed to stop in the middle of it."""
+        for metric in self.train_metrics:
             metric.reset_state()
         losses = []
-        for index in range(steps):
-            timer.on_train_batch_begin(index)
+        for index in range(max(0, done - epoch * self.steps), self.steps):
+            callbacks.on_train_batch_begin(index)
+            requests = [1.0 if self.stopper.received == signum else 0.0 for signum in STOP_SIGNALS]
             try:
-                losses.append(float(train_step(iterator)))
-            except peer_errors as error:
-                raise peer_lost(error, tag, epoch, index, cfg.train.collective_timeout_s, setup.run_dir) from None
-            timer.on_train_batch_end(index)
+                shared = train_step(iterator, tf.constant(requests, tf.float32)).numpy()
+            except _peer_errors() as error:
+                failure = peer_lost(error, self.setup.tag, epoch, index, self.setup)
+                if self.setup.cfg.pipeline.data_service:
+                    _exit_now(failure, 3)
+                raise failure from None
+            except tf.errors.ResourceExhaustedError:
+                raise guards.oom_error(
+                    self.setup.cfg.pipeline.batch_size, self.setup.found.describe(), self.setup.cfg.runs_dir
+                ) from None
+            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.UnknownError) as error:
+                raise setup_lib.data_error(error, self.setup) from None
+            losses.append(float(shared[0]))
+            callbacks.on_train_batch_end(index, {"loss": losses[-1]})
             if not np.isfinite(losses[-1]):
-                last = checkpoint.latest(setup.run_dir) if setup.task.is_chief else None
+                last = checkpoint.latest(self.setup.run_dir) if self.chief else None
                 raise guards.nan_error(
-                    {"loss": losses[-1], "global_step": epoch * steps + index + 1, "epoch": epoch},
+                    {"loss": losses[-1], "global_step": epoch * self.steps + index + 1, "epoch": epoch},
                     str(last[0]) if last else None,
-                    cfg.train.learning_rate,
+                    self.setup.cfg.train.learning_rate,
                 )
-        logs = {"loss": float(np.mean(losses)), **{m.name: float(m.result()) for m in train_metrics}}
-        if setup.task.is_chief:
-            logs.update(_evaluate(model, val_ds, loss_fn))
-            with writer.as_default(step=epoch):
-                for key, value in logs.items():
-                    tf.summary.scalar(f"epoch_{key}", value)
-            writer.flush()
-            if saver is not None:
-                saver.step = (epoch + 1) * steps
-                saver.on_epoch_end(epoch, logs)
-            else:
-                for key, value in logs.items():
-                    history.setdefault(key, []).append(value)
-        log(f"{tag} epoch {epoch + 1}/{cfg.train.epochs}: " + ", ".join(f"{k} {v:.4f}" for k, v in logs.items()))
-    wall = time.perf_counter() - started
-    history = saver.history if saver is not None else history
-    result = setup_lib.summary(setup, model, history, timer.summary(), wall, warmup)
-    return setup_lib.finish(setup, model, result, log=log)
+            stop = next((signum for signum, count in zip(STOP_SIGNALS, shared[1:]) if count > 0), None)
+            if stop and index + 1 < self.steps:
+                raise self._stopped(epoch * self.steps + index + 1, stop)
+            if stop:
+                return losses, stop
+        return losses, None
+
+    def _epoch_end(self, epoch: int, logs: dict, writer, callbacks) -> None:
+        """The chief's epoch end: TensorBoard scalars, history, the epoch's checkpoint."""
+        with writer.as_default(step=epoch):
+            for key, value in logs.items():
+                tf.summary.scalar(f"epoch_{key}", value)
+        writer.flush()
+        callbacks.on_epoch_end(epoch, logs)
+        if self.saver is None:
+            for key, value in logs.items():
+                self.history.setdefault(key, []).append(value)
+
+    def _stopped(self, done: int, signum: int) -> Stopped:
+        """Every worker agreed to stop after step `done`: the chief saves there; one line each."""
+        name, own = signal.Signals(signum).name, self.stopper.received == signum
+        epoch, step_in_epoch = divmod(done, self.steps)
+        where = (
+            f"after step {done} (epoch {epoch + 1}, step {step_in_epoch} of {self.steps})"
+            if step_in_epoch
+            else f"after step {done} (the end of epoch {epoch})"
+        )
+        origin = "received here" if own else "received by another worker"
+        folder = checkpoint.checkpoint_dir(self.setup.run_dir) / f"step-{done:08d}"
+        if not self.setup.cfg.checkpoint.enabled:
+            saved = "no checkpoint saved (checkpoint.enabled is false): a rerun starts over"
+        elif self.chief:
+            folder = folder if self.saver.saved_step == done else self.saver.save(done)
+            saved = f"checkpoint saved at {folder}: rerun the same command on every worker to resume"
+        else:
+            saved = f"the chief saves the checkpoint at {folder}: rerun the same command on every worker to resume"
+        self.model.stop_training = True
+        message = f"{self.setup.tag} stopped by {name} ({origin}) {where}, with every worker; {saved}."
+        return Stopped(message, 128 + signum)
+
+    def _resume(self) -> int:
+        """The global step every worker resumes from: the chief's, shared by a collective."""
+        setup = self.setup
+        own = setup.resume["global_step"] if setup.resume else 0
+        history = setup.resume.get("history", {}) if setup.resume and self.chief else {}
+        try:
+            agreed = int(_from_chief(setup.strategy, float(own if self.chief else 0)))
+        except _peer_errors() as error:
+            raise peer_lost(error, setup.tag, 0, 0, setup) from None
+        if not agreed:
+            setup.resume = None
+            return 0
+        folder = checkpoint.checkpoint_dir(setup.run_dir) / f"step-{agreed:08d}"
+        deadline = time.monotonic() + CHECKPOINT_VISIBLE_S
+        while folder not in checkpoint.list_checkpoints(setup.run_dir):
+            if time.monotonic() > deadline:
+                raise RunFailed(
+                    f"{setup.tag} cannot see the checkpoint {folder} that the chief resumes from (waited "
+                    f"{CHECKPOINT_VISIBLE_S:g} s). Every worker must read the same runs folder: put "
+                    f"{setup.cfg.runs_dir} on storage they all mount (a ReadWriteMany volume on Kubernetes, NFS "
+                    "across hosts)."
+                )
+            time.sleep(1.0)
+        with setup.strategy.scope():
+            checkpoint.restore(self.model, folder)
+        self.history = dict(history)
+        setup.resume = {"folder": str(folder), "global_step": agreed}
+        epoch, step = divmod(agreed, self.steps)
+        self.log(f"{setup.tag} resuming from {folder} (epoch {epoch + 1}, step {step}); --fresh starts over")
+        return agreed
+
+    def _dataset_fn(self, done: int):
+        setup, batch = self.setup, self.setup.global_batch
+
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            # File-level sharding done here, explicitly: each worker reads every N-th shard.
+            shards = setup.spec.train_files[context.input_pipeline_id :: context.num_input_pipelines]
+            if not shards:
+                raise UserError(
+                    f"{len(setup.spec.train_files)} training shards cannot feed {context.num_input_pipelines} "
+                    "workers: build the dataset with at least one shard per worker (data.num_shards)."
+                )
+            dataset = setup.build(
+                shards,
+                training=True,
+                seed=setup.cfg.train.seed + context.input_pipeline_id,
+                batch_size=context.get_per_replica_batch_size(batch),
+            )
+            shard_options = tf.data.Options()
+            shard_options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+            # Each step takes one batch per replica of this worker: skip that many per finished step,
+            # the batches already trained on, in the same order.
+            local_replicas = max(1, setup.replicas // context.num_input_pipelines)
+            return dataset.with_options(shard_options).skip(done * local_replicas)
+
+        return dataset_fn
+
+    def _train_step(self):
+        model, strategy, batch, loss_fn = self.model, self.setup.strategy, self.setup.global_batch, self.loss_fn
+        optimizer, train_metrics = model.optimizer, self.train_metrics
+
+        @tf.function
+        def train_step(iterator, requests):
+            def step(images, labels, requests):
+                with tf.GradientTape() as tape:
+                    logits = model(images, training=True)
+                    loss = tf.nn.compute_average_loss(loss_fn.call(labels, logits), global_batch_size=batch)
+                    scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
+                gradients = tape.gradient(scaled, model.trainable_variables)
+                optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+                # The stop requests ride on the loss's all-reduce: every worker reads the same sums.
+                return tf.concat([tf.reshape(tf.cast(loss, tf.float32), [1]), requests], 0), labels, logits
+
+            images, labels = next(iterator)
+            shared, labels, logits = strategy.run(step, args=(images, labels, requests))
+            for metric in train_metrics:
+                metric.update_state(
+                    tf.concat(strategy.experimental_local_results(labels), 0),
+                    tf.concat(strategy.experimental_local_results(logits), 0),
+                )
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, shared, axis=None)
+
+        return train_step
+
+    def _callbacks(self, done: int) -> keras.callbacks.CallbackList:
+        """The `fit` loop's callbacks, in its order: profiler before the timer, checkpointer and monitor
+        after it, the stall watchdog last. Every worker profiles and samples its own host into its own
+        folder (the chief into the run's)."""
+        setup, cfg = self.setup, self.setup.cfg
+        remaining = self.steps * self.epochs - done
+        warmup = setup_lib.warmup_steps(cfg.train.warmup_steps, self.steps, self.epochs - done // self.steps)
+        self.timer = StepTimer(setup.global_batch, warmup)
+        ordered = [None, self.timer]
+        if cfg.profile.enabled:
+            start = max(0, min(cfg.profile.start_step, remaining - cfg.profile.num_steps - 2))
+            ordered[0] = StepTraceProfiler(worker_dir(setup), start, cfg.profile.num_steps)
+        if self.chief and cfg.checkpoint.enabled:
+            self.saver = checkpoint.Checkpointer(
+                setup.run_dir,
+                self.steps,
+                cfg.checkpoint.every_epochs,
+                cfg.checkpoint.every_steps,
+                cfg.checkpoint.keep,
+                start_global_step=done,
+                history=self.history,
+            )
+            ordered.append(self.saver)
+        if self.sampler is not None:
+            say = lambda message: self.log(f"{setup.tag} {message}")  # noqa: E731
+            ordered.append(MonitorCallback(self.sampler, worker_dir(setup) / "system", log=say))
+        timeout = guards.stall_timeout(cfg.train.stall_timeout_s, cfg.pipeline.data_service)
+        if timeout:
+            where = f"the tf.data service at {cfg.pipeline.data_service}" if cfg.pipeline.data_service else "the input"
+            self.watchdog = guards.StallWatchdog(
+                timeout,
+                f"{setup.tag}: {where} stopped delivering batches, or another worker stopped stepping (check that "
+                "the data service workers and every training worker run).",
+            )
+            ordered.append(self.watchdog)
+        return keras.callbacks.CallbackList([c for c in ordered if c is not None], model=self.model)
 
 
-def _evaluate(model: keras.Model, dataset: tf.data.Dataset, loss_fn) -> dict:
+def worker_dir(setup: RunSetup) -> Path:
+    """Where this worker's profile and utilization samples go: the chief's in the run folder (so
+    `diagnose` and the summary find them), every other worker's under workers/<task>/ (profiles are
+    named by host, and local workers share one)."""
+    if setup.task.is_chief:
+        return setup.run_dir
+    return setup.run_dir / "workers" / f"{setup.task.kind}-{setup.task.index}"
+
+
+def _from_chief(strategy: tf.distribute.Strategy, value: float) -> float:
+    """`value` as the chief holds it, on every worker: an all-reduce to which only replica 0 adds."""
+
+    @tf.function
+    def share(value):
+        def first_replica_only(value):
+            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            return value * tf.cast(first, value.dtype)
+
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(first_replica_only, args=(value,)), axis=None)
+
+    return float(share(tf.constant(value, tf.float64)))
+
+
+def _exit_now(error: Exception, status: int) -> None:
+    """Print `error` as the CLI does and end the process at once.
+
+    When a peer is lost while the tf.data service's workers are gone too, a read from the service
+    stays blocked inside TensorFlow, and the iterator's teardown waits for it forever (observed: a
+    worker that printed this error and never exited). The stall watchdog exits the same way for the
+    same reason; checkpoints are written atomically, so nothing is left half-done.
+    """
+    sys.stdout.flush()
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    os._exit(status)
+
+
+def _evaluate(model: keras.Model, dataset: tf.data.Dataset, loss_fn, watchdog=None) -> dict:
     """The chief's pass over the whole validation split, with the run's loss and metrics."""
     metrics = models.metrics()
     total, loss_sum = 0, 0.0
-    for images, labels in dataset:
+    for index, (images, labels) in enumerate(dataset):
         logits = model(images, training=False)
         loss_sum += float(tf.reduce_sum(loss_fn.call(labels, logits)))
         for metric in metrics:
             metric.update_state(labels, logits)
         total += int(labels.shape[0])
+        if watchdog is not None:
+            watchdog.on_test_batch_end(index)
     return {"val_loss": loss_sum / total, **{f"val_{m.name}": float(m.result()) for m in metrics}}
+
+
+def _format(logs: dict) -> str:
+    return ", ".join(f"{key} {value:.4f}" for key, value in logs.items())
 
 
 def _peer_errors() -> tuple:
@@ -171,7 +388,7 @@ def _peer_errors() -> tuple:
     )
 
 
-def peer_lost(error, name: str, epoch: int, index: int, timeout_s: float, run_dir: Path) -> RunFailed:
+def peer_lost(error, name: str, epoch: int, index: int, setup: RunSetup) -> RunFailed:
     """One paragraph for a collective that failed because another worker died or stopped answering."""
     text = str(getattr(error, "message", error))
     peer = re.search(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", text)
@@ -183,12 +400,12 @@ def peer_lost(error, name: str, epoch: int, index: int, timeout_s: float, run_di
     ]
     cause = re.compile(r"aborted by|connect|connection|deadline|timed? ?out|unavailable", re.I)
     first = next((line for line in lines if cause.search(line)), lines[0] if lines else type(error).__name__)
-    last = checkpoint.latest(run_dir)
-    where = f"the last checkpoint, {last[0]}" if last else f"the start (no checkpoint in {run_dir} yet)"
+    last = checkpoint.latest(setup.run_dir)
+    where = f"the last checkpoint, {last[0]}" if last else f"the start (no checkpoint in {setup.run_dir} yet)"
     return RunFailed(
         f"{name} lost contact with {who} at epoch {epoch + 1}, step {index + 1} ({type(error).__name__}: "
         f"{first[:200]}). A multi-worker step needs every worker: a worker that died, was stopped or did not "
-        f"answer within train.collective_timeout_s ({timeout_s:g} s) ends the run on all of them instead of "
-        f"leaving them waiting. Find why {who} stopped (its own output), then restart every worker with the "
-        f"same command: they resume from {where}."
+        f"answer within train.collective_timeout_s ({setup.cfg.train.collective_timeout_s:g} s) ends the run on all "
+        f"of them instead of leaving them waiting. Find why {who} stopped (its own output), then restart every "
+        f"worker with the same command: they resume from {where}."
     )

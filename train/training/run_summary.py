@@ -29,7 +29,7 @@ def summary(
     cfg, spec, choices = setup.cfg, setup.spec, setup.choices
     figures = (
         _profile_figures(setup.run_dir)
-        if cfg.profile.enabled and setup.task.kind == "local"
+        if cfg.profile.enabled and setup.task.is_chief
         else {"profile": None, "input_bound_percent": None, "device_busy_percent": None}
     )
     cpu = ((utilization or {}).get("cpu_utilization_percent") or {}).get("mean")
