@@ -30,12 +30,10 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from train.diagnose.hosttrace import Event, HostTrace
+from train.diagnose import activity
+from train.diagnose.hosttrace import EXECUTOR, FUNCTION_CALL, GET_NEXT, Event, HostTrace
 from train.diagnose.step_windows import Steps
 
-GET_NEXT = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute")
-FUNCTION_CALL = "InstantiatedCapturedFunction::"
-EXECUTOR = "ExecutorState::Process"
 ASYNC = {
     "Prefetch",
     "ParallelMap",
@@ -338,8 +336,32 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
             walk(root, [(holder.ts, holder.end, 1.0)], None, 0)
 
     _functions(trace, tree, stages, lo_all, hi_all)
-    compute_us, getnext_floor = _compute(trace, windows, wait_events)
-    return _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, getnext_floor, n)
+    work = activity.measure(trace, windows, sorted((e.ts, e.end) for e in wait_events))
+    getnext_floor = min((e.dur for e in wait_events), default=None)
+    report = _report(steps, stages, step_us, waits_per_step, wait_events, list(work["compute_us"]), getnext_floor, n)
+    report["host_compute_ms"] = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
+    report["device"] = _device_figures(work, n)
+    return report
+
+
+def _device_figures(work: dict, n: int) -> dict | None:
+    """Per analysed step, averaged over the devices: kernel busy time, kernels, copies; host launch time."""
+    devices = work["devices"]
+    if not devices:
+        return None
+
+    def mean(key: str) -> float:
+        return float(sum(d[key].sum() for d in devices)) / len(devices) / n
+
+    return {
+        "devices": [d["name"] for d in devices],
+        "busy_ms": round(mean("busy_us") / 1e3, 3),
+        "kernels_per_step": round(mean("kernels"), 1),
+        "h2d_ms": round(mean("h2d_us") / 1e3, 3),
+        "d2h_ms": round(mean("d2h_us") / 1e3, 3),
+        "d2d_ms": round(mean("d2d_us") / 1e3, 3),
+        "launch_ms": round(float(work["launch_us"].sum()) / n / 1e3, 3),
+    }
 
 
 def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_all: float) -> None:
@@ -386,14 +408,14 @@ def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_al
                 s.fn_work.append((lo, hi))
                 s.fn_threads.add(piece.tid)
     for event in trace.events:
-        if "is_eager" not in event.args or not event.thread.startswith("tf_data"):
+        if not event.op or not event.thread.startswith("tf_data"):
             continue
         lo, hi = max(event.ts, lo_all), min(event.end, hi_all)
         if hi <= lo:
             continue
         owner = None
         for above in event.ancestors():
-            if "is_eager" in above.args:
+            if above.op:
                 owner = None  # an op inside an op: counted with the outer one
                 break
             if above.name == EXECUTOR or above.name.startswith(FUNCTION_CALL):
@@ -401,31 +423,6 @@ def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_al
                 break
         if owner is not None:
             owner.op_us[_op_type(event)] += hi - lo
-
-
-def _compute(trace: HostTrace, windows, wait_events) -> tuple[list[float], float | None]:
-    """Per step: time in which the model's ops (host or device) ran outside input waits."""
-    device_pids = {pid for pid, name in trace.processes.items() if "/device:" in name}
-    ops = sorted(
-        (e.ts, e.end)
-        for e in trace.events
-        if ("is_eager" in e.args and not e.thread.startswith("tf_data")) or e.tid[0] in device_pids
-    )
-    op_starts = [a for a, _ in ops]
-    waits = sorted((e.ts, e.end) for e in wait_events)
-    compute = []
-    for lo, hi in windows:
-        i = bisect.bisect_left(op_starts, lo)
-        inside = []
-        while i < len(ops) and ops[i][0] < hi:
-            inside.append(ops[i])
-            i += 1
-        busy = _clip_union(inside, lo, hi)
-        # ops that ran while the consumer waited (the GetNext op itself among them) are not compute
-        busy -= sum(_clip_union(inside, max(a, lo), min(b, hi)) for a, b in waits if b > lo and a < hi)
-        compute.append(max(busy, 0.0))
-    floor = min((e.dur for e in wait_events), default=None)
-    return compute, floor
 
 
 def _user_ops(ops: set) -> list[str]:
