@@ -54,7 +54,7 @@ ARGS = {
     "tf_function_call",
     "_r",
 }
-FOUND_BY_STATS = ("step_num", "_r", "tf_function_call")  # events of any name that carry one of these are kept
+FOUND_BY_STATS = {"step_num", "_r", "tf_function_call"}  # events of any name that carry one of these are kept
 # xprof skips its event grouping when a profile holds these (group_events.cc, CheckLoopOp)
 LOOP_OPS = {"WhileOp-EvalCond", "WhileOp-StartBody", "ForOp", "ParallelForOp", "ForeverOp"}
 IMPLICIT_ROOTS = {"FunctionRun", "SessionRun", "RunGraph", EXECUTOR}
@@ -209,7 +209,7 @@ class _PlaneKinds:
         )
         by_name = {name: i for i, name in plane.stat_names.items()}
         self.stat_pattern = None
-        wanted = [by_name[s] for s in FOUND_BY_STATS if s in by_name]
+        wanted = [by_name[s] for s in sorted(FOUND_BY_STATS) if s in by_name]
         if wanted:
             alternatives = b"|".join(re.escape(xspace._encode_varint(i)) for i in wanted)
             # an XStat inside an event: tag 0x22, a one-byte length, then metadata_id (tag 0x08)
@@ -275,9 +275,9 @@ def _read_host(path: Path, space: xspace.XSpaceFile) -> HostTrace:
     grouped = not any(LOOP_OPS.intersection(p.event_names.values()) for p in space.planes)
     trace = HostTrace(path, [], space, grouped=grouped)
     for plane in host_planes(space):
-        kinds = _PlaneKinds(plane, grouped)
+        kinds, names = _PlaneKinds(plane, grouped), _Names(plane)
         for number, line in enumerate(plane.lines):
-            _read_line(trace, space, plane, kinds, number, line)
+            _read_line(trace, space, plane, kinds, names, number, line)
     trace.events.sort(key=lambda e: (e.ts, -e.end))
     _nest(trace.events)
     if grouped:
@@ -285,12 +285,39 @@ def _read_host(path: Path, space: xspace.XSpaceFile) -> HostTrace:
     return trace
 
 
-def _read_line(trace: HostTrace, space, plane, kinds: _PlaneKinds, number: int, line: xspace.Line) -> None:
+class _Names:
+    """A plane's event names as the trace shows them, its stats by name, and parsed stats by their bytes."""
+
+    def __init__(self, plane: xspace.Plane):
+        self.shown = {i: plane.display_names.get(i) or name for i, name in plane.event_names.items()}
+        self.long = {i: name for i, name in plane.event_names.items() if plane.display_names.get(i)}
+        self.stat_names = plane.stat_names
+        self.wanted = {i for i, name in plane.stat_names.items() if name in ARGS}
+        self.parsed: dict[tuple[int, bytes], dict] = {}  # iterator events repeat their stats byte for byte
+
+    def args(self, metadata_id: int, raw: bytes) -> dict:
+        """The event's args (shared by events with the same name and stats: never changed in place)."""
+        found = self.parsed.get((metadata_id, raw))
+        if found is None:
+            found = {}
+            if raw:
+                for stat in xspace.MESSAGES["XEvent"].FromString(raw).stats:
+                    if stat.metadata_id in self.wanted:
+                        value = xspace.stat_value(stat, self.stat_names)
+                        found[self.stat_names[stat.metadata_id]] = _format(value)
+            if metadata_id in self.long:
+                found["long_name"] = self.long[metadata_id]
+            self.parsed[metadata_id, raw] = found
+        return found
+
+
+def _read_line(trace: HostTrace, space, plane, kinds: _PlaneKinds, names: _Names, number: int, line) -> None:
     thread = line.thread.split("/")[0] or "?"
     tf_data = thread.startswith("tf_data")
     tid = (plane.index, number)
     has_ops = has_launches = False
     base_ps = line.timestamp_ns * 1000
+    append = trace.events.append
     for block in space.events(line):
         kind = kinds.of(block.metadata_id)
         timed = block.duration_ps > 0
@@ -304,33 +331,18 @@ def _read_line(trace: HostTrace, space, plane, kinds: _PlaneKinds, number: int, 
         if not len(which):
             continue
         starts_ps = base_ps + block.offset_ps[which]
-        ends_ps = starts_ps + block.duration_ps[which]
-        messages = xspace.parse_events(block, which)
-        for j, message in enumerate(messages):
-            metadata_id = int(block.metadata_id[which[j]])
-            code = int(kind[which[j]])
-            args = {}
-            for stat in message.stats:
-                key = plane.stat_names.get(stat.metadata_id)
-                if key in ARGS:
-                    args[key] = _format(xspace.stat_value(stat, plane.stat_names))
-            if code == OTHER and not args.keys() & set(FOUND_BY_STATS):
-                continue
-            name = plane.event_names.get(metadata_id, "")
-            shown = plane.display_names.get(metadata_id)
-            if shown:
-                args["long_name"] = name
-            trace.events.append(
-                Event(
-                    shown or name,
-                    int(starts_ps[j]) / 1e6,
-                    int(ends_ps[j]) / 1e6,
-                    thread,
-                    tid,
-                    args,
-                    op=code == OP,
-                )
-            )
+        starts = (starts_ps / 1e6).tolist()
+        ends = ((starts_ps + block.duration_ps[which]) / 1e6).tolist()
+        codes = kind[which].tolist()
+        ids = block.metadata_id[which].tolist()
+        shown = names.shown
+        for ts, end, code, metadata_id, raw in zip(starts, ends, codes, ids, block.stats(which)):
+            args = names.args(metadata_id, raw)
+            if code == OTHER:
+                if not args.keys() & FOUND_BY_STATS:
+                    continue
+                args = dict(args)  # markers and roots are renamed and grouped below: their own copy
+            append(Event(shown.get(metadata_id, ""), ts, end, thread, tid, args, None, code == OP))
     if has_ops and not tf_data:
         trace.op_lines.append(line)
     if has_launches:
@@ -357,17 +369,23 @@ def _group(events: list[Event]) -> None:
     profile holds a TensorFlow loop (an executor iterating a while loop, as steps_per_execution > 1
     runs), xprof groups by loop iteration instead, and no root of ours gets a group.
     """
-    tf_data_steps = {e.args.get("id") for e in events if e.name in TF_DATA_FUNCTION_RUNS}
-    iterations: dict[str, set] = defaultdict(set)
+    tf_data_steps, iterations, candidates = set(), defaultdict(set), []
     for event in events:
-        if event.name == EXECUTOR and "iter_num" in event.args and event.args.get("id") not in tf_data_steps:
-            iterations[event.args.get("id")].add(event.args["iter_num"])
-    if any(found != {"0"} for found in iterations.values()):
+        args = event.args
+        if not args:
+            continue
+        if event.name == EXECUTOR and "iter_num" in args:
+            iterations[args.get("id")].add(args["iter_num"])
+        elif event.name in TF_DATA_FUNCTION_RUNS:
+            tf_data_steps.add(args.get("id"))
+        if "_r" in args or "step_num" in args:
+            candidates.append(event)
+    if any(found != {"0"} for step, found in iterations.items() if step not in tf_data_steps):
         return
     roots = []
-    for event in events:
-        level = event.args.get("_r")
-        if level and level.lstrip("-").isdigit() and int(level) > 0 and event.args.get("id") not in tf_data_steps:
+    for event in candidates:
+        level = event.args.get("_r", "")
+        if level.lstrip("-").isdigit() and int(level) > 0 and event.args.get("id") not in tf_data_steps:
             roots.append((-int(level), event.ts, event))
     roots.sort(key=lambda r: (r[0], r[1]))
     group_of: dict[int, int] = {}
@@ -375,17 +393,16 @@ def _group(events: list[Event]) -> None:
     for _, _, root in roots:
         if id(root) in group_of:
             continue
-        above = [a for a in root.ancestors() if id(a) in group_of]
-        if above:
-            group_of[id(root)] = group_of[id(above[0])]
+        above = next((a for a in root.ancestors() if id(a) in group_of), None)
+        if above is not None:
+            group_of[id(root)] = group_of[id(above)]
             continue
         group_of[id(root)] = number
         if root.name not in IMPLICIT_ROOTS:
             step = root.args.get("iter_num") or root.args.get("step_num") or str(number)
             root.args["step_name"] = root.name = f"{root.name} {step}"
         number += 1
-    for event in events:
-        if "step_num" in event.args or id(event) in group_of:
-            owner = next((a for a in (event, *event.ancestors()) if id(a) in group_of), None)
-            if owner is not None:
-                event.args["group_id"] = str(group_of[id(owner)])
+    for event in candidates:
+        owner = next((a for a in (event, *event.ancestors()) if id(a) in group_of), None)
+        if owner is not None:
+            event.args["group_id"] = str(group_of[id(owner)])

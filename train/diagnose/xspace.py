@@ -223,6 +223,11 @@ class Block:
     metadata_id: np.ndarray  # int64
     offset_ps: np.ndarray  # int64, from the line's timestamp
     duration_ps: np.ndarray  # int64
+    stats_at: np.ndarray  # where the rest of each event (its stats) starts: data[stats_at:ends] is an XEvent
+
+    def stats(self, which: np.ndarray) -> list[bytes]:
+        """The stats of the events `which`, each as bytes that parse as an XEvent (MESSAGES["XEvent"])."""
+        return [self.data[a:b] for a, b in zip(self.stats_at[which].tolist(), self.ends[which].tolist())]
 
 
 class XSpaceFile:
@@ -418,26 +423,8 @@ def _decode(data: bytes, starts_list: list[int]) -> Block:
             out["metadata_id"][i] = event.metadata_id
             out["offset_ps"][i] = event.offset_ps
             out["duration_ps"][i] = event.duration_ps
-    return Block(data, starts, ends, out["metadata_id"], out["offset_ps"], out["duration_ps"])
-
-
-def parse_events(block: Block, which: np.ndarray) -> list:
-    """Full XEvent messages (stats included) of the events `which` (indices into the block)."""
-    if len(which) == 0:
-        return []
-    first, last = int(block.starts[which[0]]), int(block.ends[which[-1]])
-    if len(which) * 8 > len(block.starts):  # many: one parse of the span, as an XLine of those events
-        line = MESSAGES["XLine"].FromString(block.data[first:last])
-        base = np.searchsorted(block.starts, first)
-        events = line.events
-        return [events[int(i - base)] for i in which]
-    parse = MESSAGES["XEvent"].FromString
-    out = []
-    for i in which:
-        start, end = int(block.starts[i]), int(block.ends[i])
-        _, body = _varint(block.data, start + 1, end)
-        out.append(parse(block.data[body:end]))
-    return out
+        cur = np.where(odd, body, cur)
+    return Block(data, starts, ends, out["metadata_id"], out["offset_ps"], out["duration_ps"], cur)
 
 
 def _signed(value: int) -> int:
