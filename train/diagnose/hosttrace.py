@@ -103,6 +103,7 @@ class HostTrace:
     op_lines: list = field(default_factory=list)  # host lines (not tf.data's) that ran TensorFlow ops
     launch_lines: list = field(default_factory=list)  # host lines that launched CUDA kernels
     grouped: bool = True  # False when xprof would skip its grouping (loop ops): no op is then known as one
+    host_events: int = 0  # every complete host event, kept or not
 
     def named(self, *names: str) -> list[Event]:
         wanted = set(names)
@@ -258,7 +259,7 @@ def load(xplane: str | Path) -> HostTrace:
     except BaseException:
         space.close()
         raise
-    if not trace.events and not trace.op_lines:
+    if not trace.host_events:
         space.close()
         raise ProfileError(
             f"the profile {xplane} holds no host events ({xplane.stat().st_size} bytes): the capture recorded "
@@ -321,6 +322,7 @@ def _read_line(trace: HostTrace, space, plane, kinds: _PlaneKinds, names: _Names
     for block in space.events(line):
         kind = kinds.of(block.metadata_id)
         timed = block.duration_ps > 0
+        trace.host_events += int(np.count_nonzero(timed))
         has_ops = has_ops or bool(np.any((kind == OP) & timed))
         has_launches = has_launches or bool(np.any(kind == LAUNCH))
         keep = timed & ((kind == KEEP) | (kind == CALL) | ((kind == OP) & tf_data))
