@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from train.benchmarks import xspace_writer
 from train.diagnose import hosttrace, input_wait, step_windows, xspace
 
 BATCH = 32  # with the model below: about 34 KB of profile per step, as the capture in issue 24
@@ -152,92 +153,6 @@ def capture(steps: int, out: Path) -> Path:
     profiler = StepTraceProfiler(logdir, start_step=2, num_steps=steps)
     model.fit(dataset, steps_per_epoch=steps + 6, epochs=1, verbose=0, callbacks=[profiler])
     return next(logdir.rglob("*.xplane.pb"))
-
-
-# ---- the wire format, a column of events at a time ----------------------------------------------
-
-
-def _varint(values) -> tuple[np.ndarray, np.ndarray]:
-    """Each value as a varint: (n, 10) bytes and how many of them are used."""
-    v = np.asarray(values).astype(np.int64).view(np.uint64) if np.asarray(values).dtype != np.uint64 else values
-    v = np.atleast_1d(v)
-    out = np.empty((len(v), 10), dtype=np.uint8)
-    size = np.ones(len(v), dtype=np.int64)
-    for k in range(10):
-        out[:, k] = (v >> np.uint64(7 * k)) & np.uint64(0x7F)
-        if k:
-            size += v >= np.uint64(1 << (7 * k))
-    out |= ((np.arange(10) < size[:, None] - 1) * 0x80).astype(np.uint8)
-    return out, size
-
-
-def _const(data: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.broadcast_to(np.frombuffer(data, dtype=np.uint8), (n, len(data))), np.full(n, len(data))
-
-
-def _join(columns: list) -> tuple[bytes, np.ndarray]:
-    """Row by row, the used bytes of each column in order: (all rows' bytes, each row's length)."""
-    matrix = np.concatenate([m for m, _ in columns], axis=1)
-    used = np.concatenate([np.arange(m.shape[1]) < s[:, None] for m, s in columns], axis=1)
-    return matrix[used].tobytes(), sum(s for _, s in columns)
-
-
-def _stat(stat_id: int, kind: str, values, n: int) -> list:
-    """An XStat field inside an event: tag 0x22, length, metadata id, value (int, uint, ref, double, str)."""
-    body = [_const(b"\x08" + xspace._encode_varint(stat_id), n)]
-    if kind == "double":
-        body += [
-            _const(b"\x11", n),
-            (np.ascontiguousarray(np.broadcast_to(values, n), "<f8").view(np.uint8).reshape(n, 8), np.full(n, 8)),
-        ]
-    elif kind == "str":
-        body += [_const(b"\x2a" + xspace._encode_varint(len(values)) + values, n)]
-    else:
-        tag = {"int": b"\x20", "uint": b"\x18", "ref": b"\x38"}[kind]
-        body += [_const(tag, n), _varint(np.broadcast_to(values, n))]
-    length = sum(s for _, s in body)
-    return [_const(b"\x22", n), _varint(length)] + body
-
-
-def _encoded(metadata_id, offset_ps, duration_ps, stats: list) -> tuple[bytes, np.ndarray]:
-    """XLine.events fields for n events, and each one's length in bytes.
-
-    Each stat is (stat metadata id, kind, value or array of values); kinds: int, uint, ref, double, str.
-    """
-    n = len(offset_ps)
-    body = [
-        _const(b"\x08", n),
-        _varint(np.broadcast_to(metadata_id, n)),
-        _const(b"\x10", n),
-        _varint(offset_ps),
-        _const(b"\x18", n),
-        _varint(duration_ps),
-    ]
-    for stat_id, kind, values in stats:
-        body += _stat(stat_id, kind, values, n)
-    length = sum(s for _, s in body)
-    return _join([_const(b"\x22", n), _varint(length)] + body)
-
-
-def _events(metadata_id, offset_ps, duration_ps, stats: list) -> bytes:
-    return _encoded(metadata_id, offset_ps, duration_ps, stats)[0]
-
-
-def _interleave(parts: list[tuple[np.ndarray, bytes, np.ndarray]]) -> bytes:
-    """Encoded events of several kinds, (sort keys, bytes, lengths) each, as one run in order of the keys."""
-    keys = np.concatenate([k for k, _, _ in parts])
-    data = np.frombuffer(b"".join(d for _, d, _ in parts), dtype=np.uint8)
-    lengths = np.concatenate([n for _, _, n in parts])
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    order = np.argsort(keys, kind="stable")
-    take = lengths[order]
-    first = np.repeat(starts[order] - np.concatenate(([0], np.cumsum(take)[:-1])), take)
-    return data[first + np.arange(int(take.sum()))].tobytes()
-
-
-def _field(number: int, payload_size: int) -> bytes:
-    """The tag and length of a length-delimited field."""
-    return xspace._encode_varint(number << 3 | 2) + xspace._encode_varint(payload_size)
 
 
 # ---- GPU planes added to a real capture ----------------------------------------------------------
@@ -374,7 +289,7 @@ class _Device:
             name = np.where(what == len(KERNELS) + j, self.host_ids[api], name)
         ids = self.host_ids
         stats = [(ids["device_id"], "int", self.index), (ids["correlation_id"], "uint", correlation)]
-        parts = [(t, *_encoded(name, self._ps(t), self._dur(duration), stats))]
+        parts = [(t, *xspace_writer.encoded(name, self._ps(t), self._dur(duration), stats))]
         for kind in ("uint64_value", "int64_value"):
             steps = [s for s, found in enumerate(producers) if found and found[1] == kind]
             if not steps:
@@ -389,8 +304,8 @@ class _Device:
                 (ids["_ct"], "int", np.array([producers[s][2] for s in steps])),
             ]
             executor = ids[input_wait.EXECUTOR]
-            parts.append((first, *_encoded(executor, self._ps(first), self._dur(last - first), stats)))
-        return _interleave(parts)
+            parts.append((first, *xspace_writer.encoded(executor, self._ps(first), self._dur(last - first), stats)))
+        return xspace_writer.interleave(parts)
 
     def _ps(self, t_us: np.ndarray) -> np.ndarray:
         return np.round(t_us * 1e6).astype(np.int64) - self.start_ps
@@ -417,7 +332,7 @@ class _Device:
                 ]
             else:
                 stats += [(8, "ref", 300 + w - len(KERNELS)), (7, "ref", 299)]
-            out.append((t[mask], _events(1 + w, self._ps(t[mask]), self._dur(d[mask]), stats)))
+            out.append((t[mask], xspace_writer.events(1 + w, self._ps(t[mask]), self._dur(d[mask]), stats)))
         if len(out) == 1:
             return out[0][1]
         return b"".join(chunk for _, chunk in out)  # one kind per stream here: never interleaved
@@ -517,25 +432,6 @@ def _host_additions(host: xspace.Plane) -> tuple[dict, bytes]:
     return ids, plane.SerializeToString()
 
 
-def _line(line_id: int, name: str, start_ns: int, events: Path) -> tuple[bytes, Path]:
-    """An XLine field's head (tag, length, id, name, timestamp) and the file of its events."""
-    head = xspace.MESSAGES["XLine"](id=line_id, name=name, timestamp_ns=start_ns).SerializeToString()
-    return _field(3, len(head) + events.stat().st_size) + head, events
-
-
-def _copy(source: Path | int, target, offset: int = 0, length: int | None = None) -> None:
-    """Copy bytes from a file (or an open descriptor's range) into `target`, a few MB at a time."""
-    if isinstance(source, Path):
-        with open(source, "rb") as handle:
-            shutil.copyfileobj(handle, target, 4 << 20)
-        return
-    end = offset + length
-    while offset < end:
-        data = os.pread(source, min(4 << 20, end - offset), offset)
-        target.write(data)
-        offset += len(data)
-
-
 def _assemble(base: Path, out: Path, folder: Path, devices: int, start_ns: int, host_metadata: bytes) -> None:
     partial = out.with_name(out.name + ".partial")
     with xspace.XSpaceFile(base) as space, open(partial, "wb") as target:
@@ -544,32 +440,31 @@ def _assemble(base: Path, out: Path, folder: Path, devices: int, start_ns: int, 
             host = hosttrace.host_planes(space)[0]
             for plane in space.planes:
                 if plane is not host:
-                    target.write(_field(1, plane.length))
-                    _copy(fd, target, plane.offset, plane.length)
+                    target.write(xspace_writer.field(1, plane.length))
+                    xspace_writer.copy(fd, target, plane.offset, plane.length)
                     continue
-                lines = [
-                    _line(10_000_000 + d, f"Host Threads/{10_000_000 + d}", start_ns, folder / f"gpu{d}_launch.bin")
-                    for d in range(devices)
-                ]
+                threads = [(10_000_000 + d, folder / f"gpu{d}_launch.bin") for d in range(devices)]
+                lines = [xspace_writer.line(tid, f"Host Threads/{tid}", start_ns, path) for tid, path in threads]
                 extra = sum(len(head) + events.stat().st_size for head, events in lines) + len(host_metadata)
-                target.write(_field(1, plane.length + extra))
-                _copy(fd, target, plane.offset, plane.length)
+                target.write(xspace_writer.field(1, plane.length + extra))
+                xspace_writer.copy(fd, target, plane.offset, plane.length)
                 for head, events in lines:
                     target.write(head)
-                    _copy(events, target)
+                    xspace_writer.copy(events, target)
                 target.write(host_metadata)
             for name in space.hostnames:
                 encoded = name.encode()
-                target.write(_field(4, len(encoded)) + encoded)
+                target.write(xspace_writer.field(4, len(encoded)) + encoded)
         finally:
             os.close(fd)
         for d in range(devices):
             metadata = _Device.metadata(d)
-            lines = [_line(sid, name, start_ns, folder / f"gpu{d}_{sid}.bin") for name, sid in _Device.STREAMS.items()]
-            target.write(_field(1, len(metadata) + sum(len(h) + e.stat().st_size for h, e in lines)))
+            streams = _Device.STREAMS.items()
+            lines = [xspace_writer.line(sid, name, start_ns, folder / f"gpu{d}_{sid}.bin") for name, sid in streams]
+            target.write(xspace_writer.field(1, len(metadata) + sum(len(h) + e.stat().st_size for h, e in lines)))
             target.write(metadata)
             for head, events in lines:
                 target.write(head)
-                _copy(events, target)
+                xspace_writer.copy(events, target)
                 events.unlink()
     partial.replace(out)

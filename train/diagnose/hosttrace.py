@@ -212,7 +212,7 @@ class _PlaneKinds:
         self.stat_pattern = None
         wanted = [by_name[s] for s in sorted(FOUND_BY_STATS) if s in by_name]
         if wanted:
-            alternatives = b"|".join(re.escape(xspace._encode_varint(i)) for i in wanted)
+            alternatives = b"|".join(re.escape(xspace.encode_varint(i)) for i in wanted)
             # an XStat inside an event: tag 0x22, a one-byte length, then metadata_id (tag 0x08)
             self.stat_pattern = re.compile(rb"\x22[\x00-\x7f]\x08(?:" + alternatives + rb")", re.DOTALL)
 

@@ -303,7 +303,7 @@ class XSpaceFile:
             if number == 3 and wire == 2:
                 plane.lines.append(Line(plane, at, size))
             elif number in (1, 2, 4, 5, 6):
-                rest.append(_encode_varint(number << 3 | wire) + (_encode_varint(size) if wire == 2 else b"") + data)
+                rest.append(encode_varint(number << 3 | wire) + (encode_varint(size) if wire == 2 else b"") + data)
         try:
             head = MESSAGES["XPlane"].FromString(b"".join(rest))
         except Exception as error:  # upb raises DecodeError on damaged bytes
@@ -324,7 +324,7 @@ class XSpaceFile:
         for number, wire, at, size, data in self._fields(line.offset, line.offset + line.length, {2, 11}):
             if number == 4 and wire == 2:
                 if line.events_at is None:
-                    line.events_at = at - 1 - len(_encode_varint(size))
+                    line.events_at = at - 1 - len(encode_varint(size))
                 if line.name:
                     return  # the rest is events (and a display name, read with them when needed)
             elif number == 1 and wire == 0:
@@ -431,7 +431,7 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _encode_varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
     value &= (1 << 64) - 1
     out = bytearray()
     while True:
