@@ -104,6 +104,12 @@ class HostTrace:
     launch_lines: list = field(default_factory=list)  # host lines that launched CUDA kernels
     grouped: bool = True  # False when xprof would skip its grouping (loop ops): no op is then known as one
     host_events: int = 0  # every complete host event, kept or not
+    # the same events by what the analysis looks for, each list in order of start (see `_index`)
+    iterators: list[Event] = field(default_factory=list)
+    get_next: list[Event] = field(default_factory=list)
+    calls: list[Event] = field(default_factory=list)  # tf.data function calls, on tf.data threads
+    executors: list[Event] = field(default_factory=list)
+    data_ops: list[Event] = field(default_factory=list)  # TensorFlow ops on tf.data threads
 
     def named(self, *names: str) -> list[Event]:
         wanted = set(names)
@@ -209,12 +215,11 @@ class _PlaneKinds:
             dtype=np.int8,
         )
         by_name = {name: i for i, name in plane.stat_names.items()}
-        self.stat_pattern = None
-        wanted = [by_name[s] for s in sorted(FOUND_BY_STATS) if s in by_name]
-        if wanted:
-            alternatives = b"|".join(re.escape(xspace.encode_varint(i)) for i in wanted)
-            # an XStat inside an event: tag 0x22, a one-byte length, then metadata_id (tag 0x08)
-            self.stat_pattern = re.compile(rb"\x22[\x00-\x7f]\x08(?:" + alternatives + rb")", re.DOTALL)
+        # roots (`_r`) on tf.data's threads are its functions' runs: never a step, never near a marker
+        self.patterns = {
+            tf_data: _stat_pattern(by_name, FOUND_BY_STATS - ({"_r"} if tf_data else set()))
+            for tf_data in (False, True)
+        }
 
     def of(self, metadata_id: np.ndarray) -> np.ndarray:
         if len(self.ids) == 0:
@@ -222,15 +227,25 @@ class _PlaneKinds:
         at = np.clip(np.searchsorted(self.ids, metadata_id), 0, len(self.ids) - 1)
         return np.where(self.ids[at] == metadata_id, self.kinds[at], SKIP)
 
-    def with_stats(self, block: xspace.Block) -> np.ndarray:
+    def with_stats(self, block: xspace.Block, tf_data: bool) -> np.ndarray:
         """Events whose bytes may hold one of FOUND_BY_STATS (checked when parsed)."""
         found = np.zeros(len(block.starts), dtype=bool)
-        if self.stat_pattern is None:
+        pattern = self.patterns[tf_data]
+        if pattern is None:
             return found
-        hits = np.fromiter((m.start() for m in self.stat_pattern.finditer(block.data)), dtype=np.int64)
+        hits = np.fromiter((m.start() for m in pattern.finditer(block.data)), dtype=np.int64)
         if len(hits):
             found[np.searchsorted(block.starts, hits, side="right") - 1] = True
         return found
+
+
+def _stat_pattern(stat_ids: dict[str, int], names: set[str]):
+    """Bytes of an XStat of one of these stats inside an event: tag 0x22, a one-byte length, metadata id."""
+    wanted = [stat_ids[n] for n in sorted(names) if n in stat_ids]
+    if not wanted:
+        return None
+    alternatives = b"|".join(re.escape(xspace.encode_varint(i)) for i in wanted)
+    return re.compile(rb"\x22[\x00-\x7f]\x08(?:" + alternatives + rb")", re.DOTALL)
 
 
 def _format(value) -> str:
@@ -283,7 +298,24 @@ def _read_host(path: Path, space: xspace.XSpaceFile) -> HostTrace:
     _nest(trace.events)
     if grouped:
         _group(trace.events)
+    _index(trace)
     return trace
+
+
+def _index(trace: HostTrace) -> None:
+    for event in trace.events:
+        name = event.name
+        if name.startswith("Iterator::"):
+            trace.iterators.append(event)
+        elif name in GET_NEXT:
+            trace.get_next.append(event)
+        elif name == EXECUTOR:
+            trace.executors.append(event)
+        elif event.thread.startswith("tf_data"):
+            if name.startswith(FUNCTION_CALL):
+                trace.calls.append(event)
+            elif event.op:
+                trace.data_ops.append(event)
 
 
 class _Names:
@@ -328,7 +360,7 @@ def _read_line(trace: HostTrace, space, plane, kinds: _PlaneKinds, names: _Names
         keep = timed & ((kind == KEEP) | (kind == CALL) | ((kind == OP) & tf_data))
         others = timed & (kind == OTHER)
         if others.any():
-            keep |= others & kinds.with_stats(block)
+            keep |= others & kinds.with_stats(block, tf_data)
         which = np.flatnonzero(keep)
         if not len(which):
             continue

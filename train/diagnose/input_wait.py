@@ -26,6 +26,7 @@ once shipped, rebuilt on what xprof 2.24 exposes and changed where that one misl
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -150,7 +151,12 @@ def _op_type(event: Event) -> str:
 
 def _path(event: Event) -> str:
     """The iterator's place in the tree, the same for every repetition and epoch: '[n]' indices removed."""
-    return re.sub(r"\[\d+\]", "", str(event.args.get("long_name") or event.name))
+    return _without_indices(str(event.args.get("long_name") or event.name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _without_indices(name: str) -> str:
+    return re.sub(r"\[\d+\]", "", name)
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -193,7 +199,7 @@ class _Tree:
     """Iterator events of one trace, with same-thread children and producers by parent id."""
 
     def __init__(self, trace: HostTrace):
-        self.iterators = [e for e in trace.events if e.name.startswith("Iterator::")]
+        self.iterators = trace.iterators
         self.path_of_id: dict[str, str] = {}
         self.kids: dict[int, list[Event]] = defaultdict(list)  # id(event) -> same-thread iterator children
         self.top: list[Event] = []  # iterator events with no iterator above them on their thread
@@ -262,7 +268,7 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
     windows = steps.windows
     n = len(windows)
     lo_all, hi_all = windows[0][0], windows[-1][1]
-    get_next = sorted((e for e in trace.events if e.name in GET_NEXT), key=lambda e: e.ts)
+    get_next = trace.get_next
     starts = [e.ts for e in get_next]
     waits_per_step, wait_events = [], []
     for lo, hi in windows:
@@ -374,7 +380,7 @@ def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_al
         events.sort(key=lambda e: e.end)
         ends[tid] = [e.end for e in events]
     owner_of_call: dict[str, _Stage] = {}
-    calls = [e for e in trace.events if e.name.startswith(FUNCTION_CALL) and e.thread.startswith("tf_data")]
+    calls = trace.calls
     for call in calls:
         enclosing = next((a for a in call.ancestors() if a.name.startswith("Iterator::")), None)
         if enclosing is not None:
@@ -394,8 +400,8 @@ def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_al
         if call.end > lo_all and call.ts < hi_all:
             s.fn_calls += 1
     executors: dict[str, list[Event]] = defaultdict(list)
-    for event in trace.events:
-        if event.name == EXECUTOR and str(event.args.get("id")) in owner_of_call:
+    for event in trace.executors:
+        if str(event.args.get("id")) in owner_of_call:
             executors[str(event.args["id"])].append(event)
     for call in calls:
         s = owner_of_call.get(str(call.args.get("id")))
@@ -407,9 +413,7 @@ def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_al
             if hi > lo:
                 s.fn_work.append((lo, hi))
                 s.fn_threads.add(piece.tid)
-    for event in trace.events:
-        if not event.op or not event.thread.startswith("tf_data"):
-            continue
+    for event in trace.data_ops:
         lo, hi = max(event.ts, lo_all), min(event.end, hi_all)
         if hi <= lo:
             continue
