@@ -71,9 +71,9 @@ def profiles(tmp_path_factory):
 def _xprof_trace(path: Path) -> list[dict]:
     """The host events of xprof's trace conversion (what diagnose read before), sorted and nested as it nested them."""
     raw = json.loads(hosttrace.xprof_tool([str(path)], "trace_viewer"))["traceEvents"]
-    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in raw if e.get("ph") == "M"}
-    host = {e["pid"] for e in raw if e.get("ph") == "M" and e["name"] == "process_name"}
-    host = {pid for pid in host if names[(pid, None)].startswith("/host:")}
+    meta = [e for e in raw if e.get("ph") == "M" and e["name"] in ("thread_name", "process_name")]
+    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in meta}
+    host = {e["pid"] for e in meta if e["name"] == "process_name" and e["args"]["name"].startswith("/host:")}
     events = [
         {
             "name": e["name"],
