@@ -28,6 +28,7 @@ import numpy as np
 from train.diagnose import hosttrace, xspace
 
 HOST_OPS, LAUNCHES = 0, 1
+MERGE_BYTES = 48 << 20  # read ahead over all sources together: memory does not grow with the streams' count
 KERNEL, H2D, D2H, D2D, MEMSET = range(5)
 _COPIES = (
     (re.compile(r"memcpy.?(h2d|htod)", re.I), H2D),
@@ -110,7 +111,7 @@ class _Unsorted(Exception):
         self.line = line
 
 
-def _line_source(space, line, kind_table: tuple[np.ndarray, np.ndarray], tag_of_kind: np.ndarray, whole: bool):
+def _line_source(space, line, kind_table, tag_of_kind: np.ndarray, whole: bool, block_bytes: int):
     """(start µs, end µs, tag) of the events of one line that have a tag, a block at a time, by start.
 
     `whole`: read the line at once and sort it (a line found out of order on the first try).
@@ -119,7 +120,7 @@ def _line_source(space, line, kind_table: tuple[np.ndarray, np.ndarray], tag_of_
     base_ps = line.timestamp_ns * 1000
     last = -np.inf
     parts = []
-    for block in space.events(line):
+    for block in space.events(line, block_bytes):
         at = np.clip(np.searchsorted(ids, block.metadata_id), 0, max(len(ids) - 1, 0))
         kind = np.where(ids[at] == block.metadata_id, kinds[at], -1) if len(ids) else np.full(len(at), -1)
         tags = np.where(kind >= 0, tag_of_kind[np.maximum(kind, 0)], -1)
@@ -128,6 +129,7 @@ def _line_source(space, line, kind_table: tuple[np.ndarray, np.ndarray], tag_of_
             continue
         start_ps = base_ps + block.offset_ps[keep]
         batch = (start_ps / 1e6, (start_ps + block.duration_ps[keep]) / 1e6, tags[keep])
+        del block  # only the batch stays while the other sources catch up
         if whole:
             parts.append(batch)
             continue
@@ -287,15 +289,21 @@ def _sources(trace, devices, unsorted: set[int]) -> list:
     space = trace.space
     ops = {id(line) for line in trace.op_lines}
     launches = {id(line) for line in trace.launch_lines}
+    host = list({id(line): line for line in trace.op_lines + trace.launch_lines}.values())
+    streams = [(d, line) for d, plane in enumerate(devices) for line in plane.lines if line.thread not in DERIVED_LINES]
+    # every source holds one block while the merge waits on the others: share a fixed budget between them
+    block_bytes = int(np.clip(MERGE_BYTES // max(len(host) + len(streams), 1), 256 << 10, xspace.BLOCK_BYTES))
+    tables = {}
     sources = []
-    for line in {id(line): line for line in trace.op_lines + trace.launch_lines}.values():
+    for line in host:
         wanted = np.array([HOST_OPS if id(line) in ops else -1, LAUNCHES if id(line) in launches else -1])
-        table = _host_kinds(line.plane, trace.grouped)
-        sources.append(_line_source(space, line, table, wanted, id(line) in unsorted))
-    for d, plane in enumerate(devices):
-        table = _device_kinds(plane)
-        tag_of_kind = 8 + 8 * d + np.arange(5)
-        for line in plane.lines:
-            if line.thread not in DERIVED_LINES:
-                sources.append(_line_source(space, line, table, tag_of_kind, id(line) in unsorted))
+        if id(line.plane) not in tables:
+            tables[id(line.plane)] = _host_kinds(line.plane, trace.grouped)
+        table = tables[id(line.plane)]
+        sources.append(_line_source(space, line, table, wanted, id(line) in unsorted, block_bytes))
+    for d, line in streams:
+        if id(line.plane) not in tables:
+            tables[id(line.plane)] = _device_kinds(line.plane)
+        tags = 8 + 8 * d + np.arange(5)
+        sources.append(_line_source(space, line, tables[id(line.plane)], tags, id(line) in unsorted, block_bytes))
     return sources

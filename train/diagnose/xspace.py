@@ -345,15 +345,16 @@ class XSpaceFile:
             data = self._read(pos, min(block_bytes, end - pos))
             starts, stop = _walk(data, len(data))
             if starts:
-                yield _decode(data, starts)
+                block, data = _decode(data, starts), None  # the block alone holds the bytes: freed with it
+                yield block
                 pos += stop
             elif data[0] == _EVENT_TAG:  # one event larger than a block: read it whole
                 length, value_at = _varint(self._read(pos, 11), 1, 11)
                 if pos + value_at + length > end:
                     raise XSpaceError(f"an event at byte {pos} runs past the end of its line")
-                data = self._read(pos, value_at + length)
-                yield _decode(data, [0])
-                pos += len(data)
+                block, data = _decode(self._read(pos, value_at + length), [0]), None
+                yield block
+                pos += value_at + length
             else:  # a field that is not an event (a trailing display name): step over it
                 pos = self._after_field(pos, end)
 
