@@ -80,7 +80,7 @@ def _measure(logdir: Path, code: Path | None, timeout: float) -> dict:
     peak_file = Path(tempfile.mkstemp(prefix="peak-rss-")[1])
     started = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(peak_file), "diagnose", str(logdir), "--json"],
+        [sys.executable, "-c", _CHILD, str(peak_file), "diagnose", str(Path(logdir).resolve()), "--json"],
         cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -31,114 +31,95 @@ class XSpaceError(Exception):
     """The file is not a readable XSpace; the message says where it broke."""
 
 
-def _schema():
-    """XSpace's message classes for the fields read here (names as in xplane.proto, own package)."""
-    fd = descriptor_pb2.FileDescriptorProto(name="gpu_template_xplane.proto", package="gpu_template.xplane")
+# xplane.proto's messages, the fields read here: (number, name, type, "repeated" or a oneof's name or None)
+_SCHEMA = {
+    "XStat": [
+        (1, "metadata_id", "int64", None),
+        (2, "double_value", "double", "value"),
+        (3, "uint64_value", "uint64", "value"),
+        (4, "int64_value", "int64", "value"),
+        (5, "str_value", "string", "value"),
+        (6, "bytes_value", "bytes", "value"),
+        (7, "ref_value", "uint64", "value"),
+    ],
+    "XEvent": [
+        (1, "metadata_id", "int64", None),
+        (2, "offset_ps", "int64", "data"),
+        (5, "num_occurrences", "int64", "data"),
+        (3, "duration_ps", "int64", None),
+        (4, "stats", "XStat", "repeated"),
+    ],
+    "XLine": [
+        (1, "id", "int64", None),
+        (10, "display_id", "int64", None),
+        (2, "name", "string", None),
+        (11, "display_name", "string", None),
+        (3, "timestamp_ns", "int64", None),
+        (9, "duration_ps", "int64", None),
+        (4, "events", "XEvent", "repeated"),
+    ],
+    "XEventMetadata": [
+        (1, "id", "int64", None),
+        (2, "name", "string", None),
+        (4, "display_name", "string", None),
+        (3, "metadata", "bytes", None),
+        (5, "stats", "XStat", "repeated"),
+        (6, "child_id", "int64", "repeated"),
+    ],
+    "XStatMetadata": [(1, "id", "int64", None), (2, "name", "string", None), (3, "description", "string", None)],
+    "XPlane": [
+        (1, "id", "int64", None),
+        (2, "name", "string", None),
+        (3, "lines", "XLine", "repeated"),
+        (4, "event_metadata", "XPlane.EventMetadataEntry", "repeated"),
+        (5, "stat_metadata", "XPlane.StatMetadataEntry", "repeated"),
+        (6, "stats", "XStat", "repeated"),
+    ],
+    "XSpace": [
+        (1, "planes", "XPlane", "repeated"),
+        (2, "errors", "string", "repeated"),
+        (3, "warnings", "string", "repeated"),
+        (4, "hostnames", "string", "repeated"),
+    ],
+}
+_MAPS = {"XPlane": [("EventMetadataEntry", "XEventMetadata"), ("StatMetadataEntry", "XStatMetadata")]}
+_PACKAGE = "gpu_template.xplane"
+
+
+def _schema() -> dict:
+    """XSpace's message classes for the fields read here (names as in xplane.proto, a package of our own)."""
     T = descriptor_pb2.FieldDescriptorProto
+    scalar = {"int64": T.TYPE_INT64, "uint64": T.TYPE_UINT64, "double": T.TYPE_DOUBLE, "string": T.TYPE_STRING}
+    scalar["bytes"] = T.TYPE_BYTES
+    fd = descriptor_pb2.FileDescriptorProto(name="gpu_template_xplane.proto", package=_PACKAGE)
 
-    def message(name, fields, nested=()):
-        msg = fd.message_type.add(name=name)
-        for entry in nested:
-            msg.nested_type.add().CopyFrom(entry)
-        for number, fname, ftype, label, type_name, oneof in fields:
-            f = msg.field.add(name=fname, number=number, type=ftype, label=label)
-            if type_name:
-                f.type_name = type_name
-            if oneof is not None:
-                f.oneof_index = oneof
-        return msg
+    def add(message, number, name, kind, how, oneofs):
+        label = T.LABEL_REPEATED if how == "repeated" else T.LABEL_OPTIONAL
+        field = message.field.add(name=name, number=number, label=label)
+        if kind in scalar:
+            field.type = scalar[kind]
+        else:
+            field.type, field.type_name = T.TYPE_MESSAGE, f".{_PACKAGE}.{kind}"
+        if how not in (None, "repeated"):
+            if how not in oneofs:
+                oneofs[how] = len(oneofs)
+                message.oneof_decl.add(name=how)
+            field.oneof_index = oneofs[how]
 
-    def map_entry(name, value_type):
-        entry = descriptor_pb2.DescriptorProto(name=name)
-        entry.options.map_entry = True
-        entry.field.add(name="key", number=1, type=T.TYPE_INT64, label=T.LABEL_OPTIONAL)
-        entry.field.add(name="value", number=2, type=T.TYPE_MESSAGE, label=T.LABEL_OPTIONAL, type_name=value_type)
-        return entry
-
-    opt, rep = T.LABEL_OPTIONAL, T.LABEL_REPEATED
-    stat = message(
-        "XStat",
-        [
-            (1, "metadata_id", T.TYPE_INT64, opt, None, None),
-            (2, "double_value", T.TYPE_DOUBLE, opt, None, 0),
-            (3, "uint64_value", T.TYPE_UINT64, opt, None, 0),
-            (4, "int64_value", T.TYPE_INT64, opt, None, 0),
-            (5, "str_value", T.TYPE_STRING, opt, None, 0),
-            (6, "bytes_value", T.TYPE_BYTES, opt, None, 0),
-            (7, "ref_value", T.TYPE_UINT64, opt, None, 0),
-        ],
-    )
-    stat.oneof_decl.add(name="value")
-    event = message(
-        "XEvent",
-        [
-            (1, "metadata_id", T.TYPE_INT64, opt, None, None),
-            (2, "offset_ps", T.TYPE_INT64, opt, None, 0),
-            (5, "num_occurrences", T.TYPE_INT64, opt, None, 0),
-            (3, "duration_ps", T.TYPE_INT64, opt, None, None),
-            (4, "stats", T.TYPE_MESSAGE, rep, ".gpu_template.xplane.XStat", None),
-        ],
-    )
-    event.oneof_decl.add(name="data")
-    message(
-        "XLine",
-        [
-            (1, "id", T.TYPE_INT64, opt, None, None),
-            (10, "display_id", T.TYPE_INT64, opt, None, None),
-            (2, "name", T.TYPE_STRING, opt, None, None),
-            (11, "display_name", T.TYPE_STRING, opt, None, None),
-            (3, "timestamp_ns", T.TYPE_INT64, opt, None, None),
-            (9, "duration_ps", T.TYPE_INT64, opt, None, None),
-            (4, "events", T.TYPE_MESSAGE, rep, ".gpu_template.xplane.XEvent", None),
-        ],
-    )
-    message(
-        "XEventMetadata",
-        [
-            (1, "id", T.TYPE_INT64, opt, None, None),
-            (2, "name", T.TYPE_STRING, opt, None, None),
-            (4, "display_name", T.TYPE_STRING, opt, None, None),
-            (3, "metadata", T.TYPE_BYTES, opt, None, None),
-            (5, "stats", T.TYPE_MESSAGE, rep, ".gpu_template.xplane.XStat", None),
-            (6, "child_id", T.TYPE_INT64, rep, None, None),
-        ],
-    )
-    message(
-        "XStatMetadata",
-        [
-            (1, "id", T.TYPE_INT64, opt, None, None),
-            (2, "name", T.TYPE_STRING, opt, None, None),
-            (3, "description", T.TYPE_STRING, opt, None, None),
-        ],
-    )
-    message(
-        "XPlane",
-        [
-            (1, "id", T.TYPE_INT64, opt, None, None),
-            (2, "name", T.TYPE_STRING, opt, None, None),
-            (3, "lines", T.TYPE_MESSAGE, rep, ".gpu_template.xplane.XLine", None),
-            (4, "event_metadata", T.TYPE_MESSAGE, rep, ".gpu_template.xplane.XPlane.EventMetadataEntry", None),
-            (5, "stat_metadata", T.TYPE_MESSAGE, rep, ".gpu_template.xplane.XPlane.StatMetadataEntry", None),
-            (6, "stats", T.TYPE_MESSAGE, rep, ".gpu_template.xplane.XStat", None),
-        ],
-        nested=[
-            map_entry("EventMetadataEntry", ".gpu_template.xplane.XEventMetadata"),
-            map_entry("StatMetadataEntry", ".gpu_template.xplane.XStatMetadata"),
-        ],
-    )
-    message(
-        "XSpace",
-        [
-            (1, "planes", T.TYPE_MESSAGE, rep, ".gpu_template.xplane.XPlane", None),
-            (2, "errors", T.TYPE_STRING, rep, None, None),
-            (3, "warnings", T.TYPE_STRING, rep, None, None),
-            (4, "hostnames", T.TYPE_STRING, rep, None, None),
-        ],
-    )
+    for name, fields in _SCHEMA.items():
+        message = fd.message_type.add(name=name)
+        for entry, value in _MAPS.get(name, []):
+            nested = message.nested_type.add(name=entry)
+            nested.options.map_entry = True
+            add(nested, 1, "key", "int64", None, {})
+            add(nested, 2, "value", value, None, {})
+        oneofs: dict[str, int] = {}
+        for number, field_name, kind, how in fields:
+            add(message, number, field_name, kind, how, oneofs)
     pool = descriptor_pool.DescriptorPool()  # a private pool: TensorFlow's own xplane.proto may be loaded too
     pool.Add(fd)
     return {
-        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"gpu_template.xplane.{name}"))
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
         for name in ("XSpace", "XPlane", "XLine", "XEvent", "XStat")
     }
 
