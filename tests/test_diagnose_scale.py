@@ -62,10 +62,21 @@ def _capture(logdir: Path, how: str) -> Path:
     return next(logdir.rglob("*.xplane.pb"))
 
 
+class _Profiles(dict):
+    """how -> the .xplane.pb of a capture made that way, made on first use (a few seconds each)."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, how: str) -> Path:
+        self[how] = _capture(self.root / how, how)
+        return self[how]
+
+
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    root = tmp_path_factory.mktemp("scale")
-    return {how: _capture(root / how, how) for how in ("markers", "stock", "bare", "spe4")}
+    return _Profiles(tmp_path_factory.mktemp("scale"))
 
 
 def _xprof_trace(path: Path) -> list[dict]:
@@ -114,7 +125,10 @@ def _key(thread: str, name: str, ts: float) -> tuple:
     return thread, name, round(ts, 3)
 
 
-@pytest.mark.parametrize("how", ["markers", "stock", "bare", "spe4"])
+WAYS = ["markers", "spe4"] + [pytest.param(how, marks=pytest.mark.slow) for how in ("stock", "bare")]  # 2 more captures
+
+
+@pytest.mark.parametrize("how", WAYS)
 def test_the_reader_yields_the_events_of_xprofs_own_conversion(profiles, how):
     path = profiles[how]
     old = _xprof_trace(path)
@@ -331,7 +345,7 @@ def test_analyze_run_reads_the_newest_sub_run_not_the_first_by_name(profiles, tm
     assert "b_newer" in profile["session"] and profile["has_step_markers"]
     own = tmp_path / "run" / "plugins" / "profile" / "2025_01_01_00_00_00"  # older, but the run's own
     own.mkdir(parents=True)
-    shutil.copy(profiles["bare"], own / "host.xplane.pb")
+    shutil.copy(profiles["spe4"], own / "host.xplane.pb")
     assert analysis.analyze_run(tmp_path / "run")["session"] == str(own)
 
 
