@@ -292,6 +292,16 @@ def test_device_figures_equal_a_direct_count_of_the_device_plane(gpu_profile):
     assert device["kernels_per_step"] == pytest.approx(kernels / n, abs=0.05)
     assert device["h2d_ms"] == pytest.approx(h2d / n / 1e3, abs=1e-3)
     assert device["launch_ms"] > 0 and 0 < busy < sum(hi - lo for lo, hi in steps.windows)
+    assert not _numpy_values(diagnose.diagnose(gpu_profile.parents[3])), "figures must be plain Python numbers"
+
+
+def _numpy_values(value) -> list:
+    """numpy scalars anywhere in a result (they print as np.float64(...) in a repr and in reports)."""
+    if isinstance(value, dict):
+        return [v for item in value.values() for v in _numpy_values(item)]
+    if isinstance(value, list | tuple):
+        return [v for item in value for v in _numpy_values(item)]
+    return [value] if type(value).__module__ == "numpy" else []
 
 
 def test_the_size_is_said_and_a_skipped_xprof_breakdown_leaves_the_answer(profiles, monkeypatch):

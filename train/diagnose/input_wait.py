@@ -258,7 +258,7 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
     _functions(trace, tree, stages, lo_all, hi_all)
     work = activity.measure(trace, windows, sorted((e.ts, e.end) for e in wait_events))
     getnext_floor = min((e.dur for e in wait_events), default=None)
-    report = _report(steps, stages, step_us, waits_per_step, wait_events, list(work["compute_us"]), getnext_floor, n)
+    report = _report(steps, stages, step_us, waits_per_step, wait_events, work["compute_us"].tolist(), getnext_floor, n)
     report["host_compute_ms"] = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
     report["device"] = _device_figures(work, n)
     return report
