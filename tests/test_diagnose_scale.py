@@ -342,6 +342,22 @@ def test_a_truncated_large_profile_is_named_without_reading_it(profiles, tmp_pat
     assert cli.returncode == diagnose.UNMEASURED and str(big) in cli.stdout and "Traceback" not in cli.stderr
 
 
+def test_bytes_damaged_anywhere_give_a_diagnosis_or_one_paragraph(profiles, tmp_path):
+    """Never a traceback: a flipped byte lands in a length, a name, a timestamp or a stat."""
+    good = profiles["markers"].read_bytes()
+    rng = np.random.default_rng(7)
+    for case in range(6):
+        damaged = bytearray(good)
+        for at in rng.integers(0, len(good), 4 + case):
+            damaged[at] ^= int(rng.integers(1, 256))
+        path = tmp_path / f"case{case}" / "plugins" / "profile" / SESSION / "host.xplane.pb"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(bytes(damaged))
+        item = diagnose.diagnose(path.parents[3])["runs"]["."]
+        if item["verdict"] == "unreadable":
+            assert str(path) in item["error"] and "\n" not in item["error"], item["error"]
+
+
 def test_analyze_run_reads_the_newest_sub_run_not_the_first_by_name(profiles, tmp_path):
     """A run without a profile of its own (the Keras callback writes into run/train/): its newest capture."""
     for sub, how, session in (

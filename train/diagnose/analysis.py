@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from train.diagnose import activity, hosttrace, input_wait, step_windows
+from train.diagnose import activity, hosttrace, input_wait, step_windows, xspace
 from train.diagnose.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
 
 STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
@@ -109,8 +109,10 @@ def analyze_session(session: Path) -> dict:
         try:
             found = step_windows.find(trace)
             if wait is None and found is not None:
-                steps, wait = found, input_wait.analyze(trace, found)
+                steps, wait = found, input_wait.analyze(trace, found)  # streams the device planes too
                 planes_say = _hardware(trace.space)
+        except xspace.XSpaceError as error:
+            raise ProfileError(hosttrace.unreadable([xplane], str(error))) from None
         finally:
             trace.close()
     if wait is None:

@@ -144,7 +144,7 @@ def xprof_tool(xplanes: list[str], tool: str, options: dict | None = None):
         log = captured.read().decode(errors="replace")
     if not data:
         said = error or _converter_message(log) or "it returned nothing"
-        raise ProfileError(_unreadable(xplanes, f"xprof's converter says: {said}"))
+        raise ProfileError(unreadable(xplanes, f"xprof's converter says: {said}"))
     return data
 
 
@@ -155,7 +155,7 @@ def _converter_message(log: str) -> str:
     return "; ".join(dict.fromkeys(lines))[:300]
 
 
-def _unreadable(xplanes: list[str], said: str) -> str:
+def unreadable(xplanes: list[str], said: str) -> str:
     names = ", ".join(xplanes)
     sizes = []
     for name in xplanes:
@@ -261,16 +261,16 @@ def load(xplane: str | Path) -> HostTrace:
     """The events of one .xplane.pb that the analysis reads, with their threads and same-thread nesting."""
     xplane = Path(xplane)
     if not xplane.is_file():
-        raise ProfileError(_unreadable([str(xplane)], "it is a folder or special file, not a profile file"))
+        raise ProfileError(unreadable([str(xplane)], "it is a folder or special file, not a profile file"))
     try:
         space = xspace.XSpaceFile(xplane)
     except (xspace.XSpaceError, OSError) as error:
-        raise ProfileError(_unreadable([str(xplane)], str(error))) from None
+        raise ProfileError(unreadable([str(xplane)], str(error))) from None
     try:
         trace = _read_host(xplane, space)
     except xspace.XSpaceError as error:
         space.close()
-        raise ProfileError(_unreadable([str(xplane)], str(error))) from None
+        raise ProfileError(unreadable([str(xplane)], str(error))) from None
     except BaseException:
         space.close()
         raise
@@ -334,7 +334,7 @@ class _Names:
         if found is None:
             found = {}
             if raw:
-                for stat in xspace.MESSAGES["XEvent"].FromString(raw).stats:
+                for stat in xspace.parse_event(raw).stats:
                     if stat.metadata_id in self.wanted:
                         value = xspace.stat_value(stat, self.stat_names)
                         found[self.stat_names[stat.metadata_id]] = _format(value)

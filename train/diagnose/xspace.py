@@ -289,12 +289,12 @@ class XSpaceFile:
             head = MESSAGES["XPlane"].FromString(b"".join(rest))
         except Exception as error:  # upb raises DecodeError on damaged bytes
             raise XSpaceError(f"plane {index} (at byte {offset}) has unreadable metadata ({error})") from None
-        plane.id, plane.name = head.id, head.name
+        plane.id, plane.name = head.id, _text(head.name)
         for key, meta in head.event_metadata.items():
-            plane.event_names[key] = meta.name
+            plane.event_names[key] = _text(meta.name)
             if meta.display_name:
-                plane.display_names[key] = meta.display_name
-        plane.stat_names = {key: meta.name for key, meta in head.stat_metadata.items()}
+                plane.display_names[key] = _text(meta.display_name)
+        plane.stat_names = {key: _text(meta.name) for key, meta in head.stat_metadata.items()}
         plane.stats = {plane.stat_names.get(s.metadata_id, ""): stat_value(s, plane.stat_names) for s in head.stats}
         for line in plane.lines:
             self._line_header(line)
@@ -401,12 +401,25 @@ def _decode(data: bytes, starts_list: list[int]) -> Block:
     odd = (cur < ends) & (nxt != 0x22) & (nxt != 0x28)
     if odd.any():  # fields out of the usual order: let protobuf decode those events
         for i in np.flatnonzero(odd):
-            event = MESSAGES["XEvent"].FromString(data[int(body[i]) : int(ends[i])])
+            event = parse_event(data[int(body[i]) : int(ends[i])])
             out["metadata_id"][i] = event.metadata_id
             out["offset_ps"][i] = event.offset_ps
             out["duration_ps"][i] = event.duration_ps
         cur = np.where(odd, body, cur)
     return Block(data, starts, ends, out["metadata_id"], out["offset_ps"], out["duration_ps"], cur)
+
+
+def parse_event(raw: bytes):
+    """An XEvent from its bytes (or the stats part of them, see Block.stats); XSpaceError when damaged."""
+    try:
+        return MESSAGES["XEvent"].FromString(raw)
+    except Exception as error:  # upb's DecodeError: a damaged event
+        raise XSpaceError(f"an event's bytes do not parse ({error})") from None
+
+
+def _text(value) -> str:
+    """A string field as text: protobuf hands bytes back for one that is not UTF-8 (a damaged name)."""
+    return value if isinstance(value, str) else value.decode(errors="replace")
 
 
 def _signed(value: int) -> int:
