@@ -31,7 +31,7 @@ STAMP := $(VENV)/.installed-$(TF_EXTRA)
 SETUP_CONSTRAINTS := $(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)
 endif
 
-.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch tune diagnose tensorboard test test-fast test-container-stack lint clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch tune diagnose bench-diagnose tensorboard test test-fast test-container-stack lint clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -83,6 +83,9 @@ tune: data ## Search the speed knobs for your data and machine (ARGS="--minutes 
 
 diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (LOGDIR=runs/compare)
 	$(PY) -m train diagnose $(LOGDIR) $(ARGS)
+
+bench-diagnose: setup ## Wall time and peak RSS of diagnose against profile size, 1 MB to 1 GB -> runs/bench-diagnose/bench.{json,png}
+	$(PY) -m train bench-diagnose $(ARGS)
 
 tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (PORT=)
 	$(PY) -m train tensorboard --logdir runs --port $(PORT) $(ARGS)

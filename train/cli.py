@@ -130,6 +130,10 @@ def cmd_sweep(args) -> int:
     return _benchmark("sweep", args)
 
 
+def cmd_bench_diagnose(args) -> int:
+    return _benchmark("bench_diagnose", args)
+
+
 def cmd_diagnose(args) -> int:
     from train.diagnose import report as diagnose
 
@@ -366,6 +370,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="let runs whose input share could not be measured pass instead of exiting with status 4",
     )
     diagnose.set_defaults(func=cmd_diagnose)
+
+    bench_diagnose = commands.add_parser(
+        "bench-diagnose", help="wall time and peak memory of diagnose against profile size (captures up to 1 GB)"
+    )
+    bench_diagnose.add_argument("--out", default="runs/bench-diagnose", help="output folder (default: %(default)s)")
+    bench_diagnose.add_argument(
+        "--sizes",
+        type=float,
+        nargs="*",
+        default=[1, 10, 100, 1000],
+        metavar="MB",
+        help="sizes of the GPU-shaped profiles (default: %(default)s)",
+    )
+    bench_diagnose.add_argument(
+        "--captures",
+        type=int,
+        nargs="*",
+        default=[12, 120, 600],
+        metavar="STEPS",
+        help="real captures measured too, in steps (default: %(default)s)",
+    )
+    bench_diagnose.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    bench_diagnose.add_argument(
+        "--max-mb", type=float, default=float("inf"), help="leave out profiles larger than this (default: none)"
+    )
+    bench_diagnose.add_argument(
+        "--code", help="measure the diagnose of this checkout instead (e.g. a worktree of main at an older commit)"
+    )
+    bench_diagnose.add_argument("--name", help="file name of the results (default: bench, or bench-<code folder>)")
+    bench_diagnose.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds one diagnose may take (default: %(default)s)"
+    )
+    bench_diagnose.set_defaults(func=cmd_bench_diagnose)
 
     board = commands.add_parser("tensorboard", help="serve a log folder with TensorBoard (localhost by default)")
     board.add_argument("--logdir", default="runs")

@@ -26,123 +26,28 @@ once shipped, rebuilt on what xprof 2.24 exposes and changed where that one misl
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from train.diagnose.hosttrace import Event, HostTrace
+from train.diagnose import activity
+from train.diagnose.hosttrace import EXECUTOR, FUNCTION_CALL, GET_NEXT, Event, HostTrace
 from train.diagnose.step_windows import Steps
-
-GET_NEXT = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute")
-FUNCTION_CALL = "InstantiatedCapturedFunction::"
-EXECUTOR = "ExecutorState::Process"
-ASYNC = {
-    "Prefetch",
-    "ParallelMap",
-    "ParallelMapV2",
-    "MapAndBatch",
-    "ParallelBatch",
-    "ParallelInterleave",
-    "ParallelInterleaveV2",
-    "ParallelInterleaveV3",
-    "ParallelInterleaveV4",
-    "LegacyParallelInterleave",
-    "ParallelFilter",
-    "ParseExample",
-    "DataService",
-}
-PASS_THROUGH = {
-    "Root",
-    "Prefetch",
-    "Options",
-    "Model",
-    "MaxIntraOpParallelism",
-    "PrivateThreadPool",
-    "AssertNext",
-    "AssertCardinality",
-    "Shard",
-}
-READERS = {"TFRecord", "TextLine", "FixedLengthRecord", "SSTable", "ArrayRecord"}
-FUNCTION_STAGES = {
-    "Map",
-    "ParallelMap",
-    "ParallelMapV2",
-    "MapAndBatch",
-    "FlatMap",
-    "Interleave",
-    "ParallelInterleave",
-    "ParallelInterleaveV2",
-    "ParallelInterleaveV3",
-    "ParallelInterleaveV4",
-    "LegacyParallelInterleave",
-    "Filter",
-    "ParallelFilter",
-    "Scan",
-    "GroupByWindow",
-    "Generator",
-}
-SHUFFLES = {"Shuffle", "ShuffleAndRepeat"}
-PYTHON_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
-DECODE_OPS = {
-    "DecodeJpeg",
-    "DecodePng",
-    "DecodeImage",
-    "DecodeAndCropJpeg",
-    "DecodeBmp",
-    "DecodeGif",
-    "DecodeWebP",
-    "DecodeWav",
-    "DecodeCSV",
-    "DecodeProtoV2",
-    "DecodeCompressed",
-    "ParseExample",
-    "ParseExampleV2",
-    "ParseSingleExample",
-    "ParseSequenceExampleV2",
-    "ParseSingleSequenceExample",
-}
-AUGMENT_OPS = {
-    "AdjustHue",
-    "AdjustSaturation",
-    "AdjustContrastv2",
-    "ReverseV2",
-    "ImageProjectiveTransformV2",
-    "ImageProjectiveTransformV3",
-    "SampleDistortedBoundingBox",
-    "SampleDistortedBoundingBoxV2",
-    "Multinomial",
-}
-RESIZE_OPS = {
-    "ResizeBilinear",
-    "ResizeBicubic",
-    "ResizeNearestNeighbor",
-    "ResizeArea",
-    "ScaleAndTranslate",
-    "CropAndResize",
-}
-
-
-def kind_of(name: str) -> str:
-    """'Iterator::ParallelMapV2' -> 'ParallelMapV2'."""
-    return name.removeprefix("Iterator::").split("[")[0]
-
-
-def is_pass_through(kind: str) -> bool:
-    return kind in PASS_THROUGH or kind.endswith(("Repeat", "Take", "Skip"))
-
-
-def op_category(op_type: str) -> str:
-    if op_type in PYTHON_OPS:
-        return "python"
-    if op_type in DECODE_OPS:
-        return "decode"
-    if op_type == "ReadFile":
-        return "file read"
-    if op_type in AUGMENT_OPS or "Random" in op_type or op_type.startswith("Stateless"):
-        return "augmentation"
-    if op_type in RESIZE_OPS:
-        return "resize"
-    return "other"
+from train.diagnose.tf_names import (  # noqa: F401 (the causes read these from here)
+    ASYNC,
+    AUGMENT_OPS,
+    DECODE_OPS,
+    FUNCTION_STAGES,
+    PASS_THROUGH,
+    PYTHON_OPS,
+    READERS,
+    RESIZE_OPS,
+    SHUFFLES,
+    is_pass_through,
+    kind_of,
+    op_category,
+)
 
 
 def _op_type(event: Event) -> str:
@@ -152,7 +57,12 @@ def _op_type(event: Event) -> str:
 
 def _path(event: Event) -> str:
     """The iterator's place in the tree, the same for every repetition and epoch: '[n]' indices removed."""
-    return re.sub(r"\[\d+\]", "", str(event.args.get("long_name") or event.name))
+    return _without_indices(str(event.args.get("long_name") or event.name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _without_indices(name: str) -> str:
+    return re.sub(r"\[\d+\]", "", name)
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -195,7 +105,7 @@ class _Tree:
     """Iterator events of one trace, with same-thread children and producers by parent id."""
 
     def __init__(self, trace: HostTrace):
-        self.iterators = [e for e in trace.events if e.name.startswith("Iterator::")]
+        self.iterators = trace.iterators
         self.path_of_id: dict[str, str] = {}
         self.kids: dict[int, list[Event]] = defaultdict(list)  # id(event) -> same-thread iterator children
         self.top: list[Event] = []  # iterator events with no iterator above them on their thread
@@ -257,14 +167,9 @@ def _split(segments, kids):
     return own, shares
 
 
-def analyze(trace: HostTrace, steps: Steps | None) -> dict:
-    """Input wait per step, the blocking stages and the facts behind them (JSON-ready, per-step figures)."""
-    if steps is None or not steps.windows:
-        return {"measured": False, "reason": "the profile shows no training steps"}
-    windows = steps.windows
-    n = len(windows)
-    lo_all, hi_all = windows[0][0], windows[-1][1]
-    get_next = sorted((e for e in trace.events if e.name in GET_NEXT), key=lambda e: e.ts)
+def _waits(trace: HostTrace, windows) -> tuple[list[float], list[Event]]:
+    """Per step, the time GetNext ran inside it, and those GetNext events."""
+    get_next = trace.get_next
     starts = [e.ts for e in get_next]
     waits_per_step, wait_events = [], []
     for lo, hi in windows:
@@ -276,18 +181,17 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
             i += 1
         waits_per_step.append(sum(e.dur for e in inside))
         wait_events.extend(inside)
-    step_us = [hi - lo for lo, hi in windows]
+    return waits_per_step, wait_events
 
-    tree = _Tree(trace)
+
+def _stages(tree: _Tree, lo_all: float, hi_all: float) -> dict[str, _Stage]:
+    """One record per stage of the iterator tree: its calls, busy time, threads, ids, ops and parameters."""
     stages: dict[str, _Stage] = {}
-
-    def stage(path: str, kind: str) -> _Stage:
-        if path not in stages:
-            stages[path] = _Stage(path, kind)
-        return stages[path]
-
     for event in tree.iterators:
-        s = stage(_path(event), kind_of(event.name))
+        path = _path(event)
+        s = stages.get(path)
+        if s is None:
+            s = stages[path] = _Stage(path, kind_of(event.name))
         inside = min(event.end, hi_all) - max(event.ts, lo_all)
         if inside > 0:
             s.calls += 1
@@ -303,6 +207,20 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
         for key in ("shapes", "types", "cpu_budget", "threadpool_size", "buffered_bytes_MB", "buffered_elements"):
             if key in event.args:
                 s.params[key] = event.args[key]
+    return stages
+
+
+def analyze(trace: HostTrace, steps: Steps | None) -> dict:
+    """Input wait per step, the blocking stages and the facts behind them (JSON-ready, per-step figures)."""
+    if steps is None or not steps.windows:
+        return {"measured": False, "reason": "the profile shows no training steps"}
+    windows = steps.windows
+    n = len(windows)
+    lo_all, hi_all = windows[0][0], windows[-1][1]
+    waits_per_step, wait_events = _waits(trace, windows)
+    step_us = [hi - lo for lo, hi in windows]
+    tree = _Tree(trace)
+    stages = _stages(tree, lo_all, hi_all)
 
     # Blame: walk down from every root inside every wait window.
     roots_of: dict[int, list[Event]] = defaultdict(list)
@@ -338,8 +256,32 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
             walk(root, [(holder.ts, holder.end, 1.0)], None, 0)
 
     _functions(trace, tree, stages, lo_all, hi_all)
-    compute_us, getnext_floor = _compute(trace, windows, wait_events)
-    return _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, getnext_floor, n)
+    work = activity.measure(trace, windows, sorted((e.ts, e.end) for e in wait_events))
+    getnext_floor = min((e.dur for e in wait_events), default=None)
+    report = _report(steps, stages, step_us, waits_per_step, wait_events, work["compute_us"].tolist(), getnext_floor, n)
+    report["host_compute_ms"] = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
+    report["device"] = _device_figures(work, n)
+    return report
+
+
+def _device_figures(work: dict, n: int) -> dict | None:
+    """Per analysed step, averaged over the devices: kernel busy time, kernels, copies; host launch time."""
+    devices = work["devices"]
+    if not devices:
+        return None
+
+    def mean(key: str) -> float:
+        return float(sum(d[key].sum() for d in devices)) / len(devices) / n
+
+    return {
+        "devices": [d["name"] for d in devices],
+        "busy_ms": round(mean("busy_us") / 1e3, 3),
+        "kernels_per_step": round(mean("kernels"), 1),
+        "h2d_ms": round(mean("h2d_us") / 1e3, 3),
+        "d2h_ms": round(mean("d2h_us") / 1e3, 3),
+        "d2d_ms": round(mean("d2d_us") / 1e3, 3),
+        "launch_ms": round(float(work["launch_us"].sum()) / n / 1e3, 3),
+    }
 
 
 def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_all: float) -> None:
@@ -352,7 +294,7 @@ def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_al
         events.sort(key=lambda e: e.end)
         ends[tid] = [e.end for e in events]
     owner_of_call: dict[str, _Stage] = {}
-    calls = [e for e in trace.events if e.name.startswith(FUNCTION_CALL) and e.thread.startswith("tf_data")]
+    calls = trace.calls
     for call in calls:
         enclosing = next((a for a in call.ancestors() if a.name.startswith("Iterator::")), None)
         if enclosing is not None:
@@ -372,8 +314,8 @@ def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_al
         if call.end > lo_all and call.ts < hi_all:
             s.fn_calls += 1
     executors: dict[str, list[Event]] = defaultdict(list)
-    for event in trace.events:
-        if event.name == EXECUTOR and str(event.args.get("id")) in owner_of_call:
+    for event in trace.executors:
+        if str(event.args.get("id")) in owner_of_call:
             executors[str(event.args["id"])].append(event)
     for call in calls:
         s = owner_of_call.get(str(call.args.get("id")))
@@ -385,15 +327,13 @@ def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_al
             if hi > lo:
                 s.fn_work.append((lo, hi))
                 s.fn_threads.add(piece.tid)
-    for event in trace.events:
-        if "is_eager" not in event.args or not event.thread.startswith("tf_data"):
-            continue
+    for event in trace.data_ops:
         lo, hi = max(event.ts, lo_all), min(event.end, hi_all)
         if hi <= lo:
             continue
         owner = None
         for above in event.ancestors():
-            if "is_eager" in above.args:
+            if above.op:
                 owner = None  # an op inside an op: counted with the outer one
                 break
             if above.name == EXECUTOR or above.name.startswith(FUNCTION_CALL):
@@ -401,31 +341,6 @@ def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_al
                 break
         if owner is not None:
             owner.op_us[_op_type(event)] += hi - lo
-
-
-def _compute(trace: HostTrace, windows, wait_events) -> tuple[list[float], float | None]:
-    """Per step: time in which the model's ops (host or device) ran outside input waits."""
-    device_pids = {pid for pid, name in trace.processes.items() if "/device:" in name}
-    ops = sorted(
-        (e.ts, e.end)
-        for e in trace.events
-        if ("is_eager" in e.args and not e.thread.startswith("tf_data")) or e.tid[0] in device_pids
-    )
-    op_starts = [a for a, _ in ops]
-    waits = sorted((e.ts, e.end) for e in wait_events)
-    compute = []
-    for lo, hi in windows:
-        i = bisect.bisect_left(op_starts, lo)
-        inside = []
-        while i < len(ops) and ops[i][0] < hi:
-            inside.append(ops[i])
-            i += 1
-        busy = _clip_union(inside, lo, hi)
-        # ops that ran while the consumer waited (the GetNext op itself among them) are not compute
-        busy -= sum(_clip_union(inside, max(a, lo), min(b, hi)) for a, b in waits if b > lo and a < hi)
-        compute.append(max(busy, 0.0))
-    floor = min((e.dur for e in wait_events), default=None)
-    return compute, floor
 
 
 def _user_ops(ops: set) -> list[str]:
@@ -440,6 +355,56 @@ def _user_ops(ops: set) -> list[str]:
     return sorted(set(found))
 
 
+def _functions_row(s: _Stage, n: int) -> dict | None:
+    """What the stage's function calls did per step: CPU, wall, calls at a time, threads, ops."""
+    if not (s.fn_calls or s.fn_work):
+        return None
+    work = _union(s.fn_work) if s.fn_work else 0.0
+    summed = sum(b - a for a, b in s.fn_work)
+    categories = Counter()
+    for op_type, us in s.op_us.items():
+        categories[op_category(op_type)] += us
+    return {
+        "calls_per_step": round(s.fn_calls / n, 1),
+        "work_ms": round(summed / n / 1e3, 3),
+        "wall_ms": round(work / n / 1e3, 3),
+        "concurrency": round(summed / work, 2) if work else None,
+        "threads": len(s.fn_threads),
+        "ops_ms": {k: round(v / n / 1e3, 3) for k, v in categories.most_common()},
+        "top_ops": [[k, round(v / n / 1e3, 3)] for k, v in s.op_us.most_common(5)],
+    }
+
+
+def _stage_row(s: _Stage, n: int, total_step: float) -> dict:
+    element_mb = None
+    try:
+        if float(s.params.get("buffered_elements", 0)) > 0:
+            element_mb = float(s.params["buffered_bytes_MB"]) / float(s.params["buffered_elements"])
+    except (TypeError, ValueError, KeyError):
+        element_mb = None
+    return {
+        "path": s.path,
+        "kind": s.kind,
+        "ops": sorted(s.ops),
+        "user_ops": _user_ops(s.ops),
+        "injected": any(op.startswith("inject/") for op in s.ops),
+        "params": {k: v for k, v in s.params.items() if k not in ("buffered_bytes_MB", "buffered_elements")},
+        "async": s.kind in ASYNC,
+        "pass_through": is_pass_through(s.kind),
+        "threads": len(s.threads),
+        "instances": len(s.ids),
+        "calls_per_step": round(s.calls / n, 1),
+        "busy_ms": round(s.busy_us / n / 1e3, 3),
+        "blocking_ms": round(s.blocking_us / n / 1e3, 3),
+        "blocking_percent": round(100 * s.blocking_us / total_step, 1),
+        "fill_ms": round(s.fill_us / n / 1e3, 3),
+        "fills": s.fills,
+        "pulled_per_fill": round(s.pulled / s.fills, 1) if s.fills else 0,
+        "element_mb": round(element_mb, 3) if element_mb is not None else None,
+        "functions": _functions_row(s, n),
+    }
+
+
 def _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, floor, n) -> dict:
     total_step = sum(step_us)
     mean_step = total_step / n
@@ -450,54 +415,7 @@ def _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, flo
             if budget is None and str(s.params.get(key, "")).isdigit():
                 budget = int(s.params[key])
     roots = [s for s in stages.values() if s.kind == "Root"]
-    out_stages = []
-    for path in sorted(stages, key=lambda p: (p.count("::"), p)):
-        s = stages[path]
-        work = _union(s.fn_work) if s.fn_work else 0.0
-        summed = sum(b - a for a, b in s.fn_work)
-        functions = None
-        if s.fn_calls or s.fn_work:
-            categories = Counter()
-            for op_type, us in s.op_us.items():
-                categories[op_category(op_type)] += us
-            functions = {
-                "calls_per_step": round(s.fn_calls / n, 1),
-                "work_ms": round(summed / n / 1e3, 3),
-                "wall_ms": round(work / n / 1e3, 3),
-                "concurrency": round(summed / work, 2) if work else None,
-                "threads": len(s.fn_threads),
-                "ops_ms": {k: round(v / n / 1e3, 3) for k, v in categories.most_common()},
-                "top_ops": [[k, round(v / n / 1e3, 3)] for k, v in s.op_us.most_common(5)],
-            }
-        element_mb = None
-        try:
-            if float(s.params.get("buffered_elements", 0)) > 0:
-                element_mb = float(s.params["buffered_bytes_MB"]) / float(s.params["buffered_elements"])
-        except (TypeError, ValueError, KeyError):
-            element_mb = None
-        out_stages.append(
-            {
-                "path": path,
-                "kind": s.kind,
-                "ops": sorted(s.ops),
-                "user_ops": _user_ops(s.ops),
-                "injected": any(op.startswith("inject/") for op in s.ops),
-                "params": {k: v for k, v in s.params.items() if k not in ("buffered_bytes_MB", "buffered_elements")},
-                "async": s.kind in ASYNC,
-                "pass_through": is_pass_through(s.kind),
-                "threads": len(s.threads),
-                "instances": len(s.ids),
-                "calls_per_step": round(s.calls / n, 1),
-                "busy_ms": round(s.busy_us / n / 1e3, 3),
-                "blocking_ms": round(s.blocking_us / n / 1e3, 3),
-                "blocking_percent": round(100 * s.blocking_us / total_step, 1),
-                "fill_ms": round(s.fill_us / n / 1e3, 3),
-                "fills": s.fills,
-                "pulled_per_fill": round(s.pulled / s.fills, 1) if s.fills else 0,
-                "element_mb": round(element_mb, 3) if element_mb is not None else None,
-                "functions": functions,
-            }
-        )
+    out_stages = [_stage_row(stages[path], n, total_step) for path in sorted(stages, key=lambda p: (p.count("::"), p))]
     batch = None
     for st in out_stages:  # the batch stage nearest the consumer
         if str(st["params"].get("batch_size", "")).isdigit():
