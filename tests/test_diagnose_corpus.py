@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from tests import user_pipelines
+from tests import corpus_expectations, user_pipelines
 from train.diagnose import report as diagnose
 
 PLANTED = {  # case -> the cause the first recommendation must name
@@ -96,6 +96,18 @@ def test_the_fixed_pipeline_no_longer_shows_its_cause(profiled, case):
     """The first fix applied as a user would write it: the profile no longer shows the cause."""
     after = _only_run(profiled(case + "_fixed"))
     assert PLANTED[case] not in {r["cause"] for r in after["recommendations"]}, after["recommendations"]
+
+
+EXPECTED = corpus_expectations.load()
+
+
+@pytest.mark.parametrize("key", corpus_expectations.keys(user_pipelines.ALL))
+def test_the_diagnosis_matches_the_recorded_expectation(profiled, key):
+    """Verdict, first cause and its estimated gain as recorded in tests/corpus_expectations.yaml."""
+    assert key in EXPECTED, f"no record for {key}: python -m tests.corpus_expectations ROOT --rounds 3"
+    item = _only_run(profiled(*corpus_expectations.split(key)))
+    found = corpus_expectations.mismatches(EXPECTED[key], item)
+    assert not found, (key, found, [(r["cause"], r["estimated_gain"]) for r in item["recommendations"]])
 
 
 def _per_example_ms(item):
