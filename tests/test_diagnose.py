@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import run_cli
-from train import models
+from train import diagnose, models
 from train.core.errors import UserError
-from train.diagnose import report as diagnose
+from train.diagnose import command, report
 from train.measure.profiling import StepTraceProfiler
 
 
@@ -154,7 +154,7 @@ def test_the_gate_never_passes_what_it_could_not_measure(no_steps):
     item = diagnose.diagnose(no_steps)["runs"]["."]
     assert item["verdict"] == "unknown" and item["profile"]["input_bound_percent"] is None
     gated = run_cli("diagnose", str(no_steps), "--fail-if-input-bound", "20", timeout=120)
-    assert gated.returncode == diagnose.UNMEASURED, gated.stdout + gated.stderr
+    assert gated.returncode == command.UNMEASURED, gated.stdout + gated.stderr
     assert "could not measure" in gated.stderr and "no training steps" in gated.stderr
     allowed = run_cli("diagnose", str(no_steps), "--fail-if-input-bound", "20", "--allow-unmeasured", timeout=120)
     assert allowed.returncode == 0
@@ -193,12 +193,12 @@ def test_damaged_profiles_get_one_paragraph_naming_the_file_and_fail_the_gate(lo
         assert item["verdict"] == "unreadable", name
         assert str(path) in item["error"] and "\n" not in item["error"], item["error"]
     cli = run_cli("diagnose", str(tmp_path), "--fail-if-input-bound", "20", timeout=120)
-    assert cli.returncode == diagnose.UNMEASURED
+    assert cli.returncode == command.UNMEASURED
     assert "Traceback" not in cli.stdout + cli.stderr
     assert all(str(path) in cli.stdout for path in paths.values())
     # one damaged run among good ones still fails the gate, and plain diagnose says so by its status too
     shutil.copytree(logs / "fast", tmp_path / "good")
-    assert run_cli("diagnose", str(tmp_path)).returncode == diagnose.UNMEASURED
+    assert run_cli("diagnose", str(tmp_path)).returncode == command.UNMEASURED
 
 
 def test_a_wait_whose_producers_left_no_events_is_called_out():
@@ -212,6 +212,6 @@ def test_a_wait_whose_producers_left_no_events_is_called_out():
         wait = {"measured": True, "step_ms": 10.0, "input_ms": 8.0, "unattributed_ms": unattributed_ms}
         return {"device_busy_percent": 50.0, "input_pipeline": {**wait, "stages": stages}}
 
-    (note,) = diagnose._notes(profile(3.0))
+    (note,) = report.notes(profile(3.0))
     assert note.startswith("Unseen producers") and "3.0 ms of the 8.0 ms" in note and "Iterator::Root::Prefetch" in note
-    assert diagnose._notes(profile(0.5)) == []
+    assert report.notes(profile(0.5)) == []

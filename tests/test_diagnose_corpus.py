@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from tests import corpus_expectations, user_pipelines
-from train.diagnose import report as diagnose
+from train import diagnose
 
 PLANTED = {  # case -> the cause the first recommendation must name
     "generator_python_decode": "python-generator",

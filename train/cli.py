@@ -128,7 +128,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from train.diagnose import report as diagnose
+    from train import diagnose
 
     return diagnose.main(
         args.logdir,

@@ -1,0 +1,24 @@
+"""The recommendations for one profile: input-pipeline and step causes, ranked together."""
+
+from __future__ import annotations
+
+from train.diagnose.input_causes import input_causes
+from train.diagnose.recommendation import Causes, Recommendation, rank
+from train.diagnose.step_causes import device_causes, per_step_overhead
+
+
+def recommendations(profile: dict, config: dict | None = None) -> list[Recommendation]:
+    """The causes this profile shows, ranked: what changes what is learned first, then most step time removed.
+
+    `config` is the run's config.yaml where there is one (it tells the precision the run trained in).
+    """
+    if profile["input_bound_percent"] is None or not profile["step_time_ms"]:
+        return []
+    wait = profile.get("input_pipeline") or {}
+    pipeline = Causes(wait.get("step_ms") or 0.0)  # figures of the host trace's steps
+    input_causes(wait, profile["device_busy_percent"] is None, pipeline)
+    if wait.get("measured"):
+        per_step_overhead(wait, pipeline)
+    step = Causes(profile["step_time_ms"])  # figures of xprof's step breakdown
+    device_causes(profile, config or {}, step)
+    return rank(pipeline.found + step.found)

@@ -1,0 +1,28 @@
+"""The verdict on one profile, and the regression gate's rule: both read the same threshold.
+
+Waiting for input 20 % of step time or more is input-bound (xprof's own "HIGHLY input-bound"
+threshold). Otherwise the step is device-bound when the accelerator (or, in a CPU-only profile,
+the CPU) computes most of it, host-bound when per-step overhead does.
+"""
+
+from __future__ import annotations
+
+from train.diagnose.analysis import INPUT_BOUND_HIGH as INPUT_BOUND
+
+
+def verdict(profile: dict) -> str:
+    share = profile["input_bound_percent"]
+    if share is None or not profile["step_time_ms"]:
+        return "unknown"
+    if share >= INPUT_BOUND:
+        return "input-bound"
+    if profile["device_busy_percent"] is None:  # CPU-only: the CPU is the compute device
+        wait = profile.get("input_pipeline") or {}
+        overhead = wait.get("overhead_ms") or 0.0
+        return "host-bound" if overhead >= 0.5 * profile["step_time_ms"] else "device-bound"
+    return "device-bound" if profile["device_busy_percent"] >= 50 else "host-bound"
+
+
+def fails_gate(share: float | None, threshold: float) -> bool:
+    """Whether `--fail-if-input-bound threshold` fails a run that waits `share` % of its step for input."""
+    return (share or 0.0) > threshold
