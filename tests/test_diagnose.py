@@ -15,7 +15,7 @@ import tensorflow as tf
 from tests.conftest import run_cli
 from train import diagnose, models
 from train.core.errors import UserError
-from train.diagnose import command, report
+from train.diagnose import command, report, verdict
 from train.measure.profiling import StepTraceProfiler
 
 
@@ -148,6 +148,16 @@ def test_cli_json_and_the_regression_guard(logs):
     assert "slow" in failing and "stock_slow/train" in failing and "fast" not in failing
     passing = run_cli("diagnose", str(logs / "fast"), "--fail-if-input-bound", "20", timeout=120)
     assert passing.returncode == 0 and "verdict:" in passing.stdout
+
+
+def test_the_gate_fails_a_run_at_exactly_its_threshold_as_the_verdict_calls_it(logs, capsys):
+    """The verdict calls a share at the threshold input-bound: the gate at that share must fail the run too."""
+    item = diagnose.diagnose(logs / "slow")["runs"]["."]
+    share = item["profile"]["input_bound_percent"]
+    assert verdict.verdict({**item["profile"], "input_bound_percent": verdict.INPUT_BOUND}) == "input-bound"
+    assert command.main(str(logs / "slow"), fail_if_input_bound=share) == command.INPUT_BOUND
+    assert f"({share:.1f}%)" in capsys.readouterr().err
+    assert command.main(str(logs / "slow"), fail_if_input_bound=share + 0.1) == 0
 
 
 def test_the_gate_never_passes_what_it_could_not_measure(no_steps):

@@ -40,7 +40,7 @@ def main(
         ]
         if over:
             names = ", ".join(f"{run} ({share:.1f}%)" for run, share in over)
-            print(f"FAIL: input-bound above {fail_if_input_bound}% of step time: {names}", file=sys.stderr)
+            print(f"FAIL: input-bound at or above {fail_if_input_bound}% of step time: {names}", file=sys.stderr)
             status = INPUT_BOUND
     gate = fail_if_input_bound is not None
     blocking = [(run, why) for run, why in unmeasured if gate or why == "unreadable profile"]

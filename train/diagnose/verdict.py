@@ -24,5 +24,8 @@ def verdict(profile: dict) -> str:
 
 
 def fails_gate(share: float | None, threshold: float) -> bool:
-    """Whether `--fail-if-input-bound threshold` fails a run that waits `share` % of its step for input."""
-    return (share or 0.0) > threshold
+    """Whether `--fail-if-input-bound threshold` fails a run that waits `share` % of its step for input.
+
+    At the threshold, as the verdict: a gate at 20 fails exactly the runs the verdict calls input-bound.
+    """
+    return share is not None and share >= threshold
