@@ -16,6 +16,7 @@ from tests.conftest import run_cli
 from train import diagnose, models
 from train.core.errors import UserError
 from train.diagnose import command, report, verdict
+from train.diagnose.recommend import recommendations
 from train.measure.profiling import StepTraceProfiler
 
 
@@ -125,6 +126,18 @@ def test_a_ten_step_profile_is_diagnosed_in_under_5_s(logs):
     item = diagnose.diagnose(logs / "slow")["runs"]["."]
     assert time.perf_counter() - started < 5.0
     assert item["profile"]["steps"] >= 9
+
+
+def test_cores_the_profile_does_not_record_are_said_to_be_unknown(logs):
+    """tf.data records its cores on the Root iterator (cpu_budget, threadpool_size); where a profile lacks them
+    (another TensorFlow, a capture without the Root's events), estimates must not claim the profile said so."""
+    profile = diagnose.diagnose(logs / "slow")["runs"]["."]["profile"]
+    assert profile["input_pipeline"]["cpu_budget"]  # this machine's profile records them
+    unknown = {**profile, "input_pipeline": {**profile["input_pipeline"], "cpu_budget": None}}
+    known_first, unknown_first = recommendations(profile)[0], recommendations(unknown)[0]
+    assert known_first.cause == unknown_first.cause == "python-in-map"
+    assert "given in this profile" in known_first.caveat and "cores unknown" not in known_first.caveat
+    assert "cores unknown" in unknown_first.caveat and "given in this profile" not in unknown_first.caveat
 
 
 def test_folder_without_profiles_is_a_clear_error(tmp_path):

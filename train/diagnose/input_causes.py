@@ -18,6 +18,8 @@ from train.diagnose import input_wait as iw
 from train.diagnose import stages as st
 from train.diagnose.recommendation import CORRECTNESS, Causes, gain, ms, pct
 
+ASSUMED_CORES = 2  # where the profile does not record tf.data's cores (cpu_budget on its Root iterator)
+
 
 @dataclass
 class Pipeline:
@@ -46,11 +48,24 @@ class Pipeline:
 
     @property
     def cores(self) -> int:
-        return self.wait.get("cpu_budget") or 2
+        return self.wait.get("cpu_budget") or ASSUMED_CORES
 
     @property
     def cores_note(self) -> str:
-        return f"the {self.cores} cores tf.data was given in this profile"
+        if self.wait.get("cpu_budget"):
+            return f"the {self.cores} cores tf.data was given in this profile"
+        return self.cores_unknown
+
+    @property
+    def cores_words(self) -> str:
+        return f"{self.cores} cores" if self.wait.get("cpu_budget") else self.cores_unknown
+
+    @property
+    def cores_unknown(self) -> str:
+        return (
+            f"{ASSUMED_CORES} cores (cores unknown: this profile does not record how many cores tf.data had; "
+            f"{ASSUMED_CORES} is the fewest a parallel fix can use, a host with more gains more)"
+        )
 
     @property
     def waits(self) -> str:
@@ -367,7 +382,7 @@ def shuffle_buffer_refill(s: dict, p: Pipeline) -> None:
             else ""
         ),
         f"Estimate: the fills vanish and their work ({ms(redone * p.cores)} of CPU per step) is done in the steady "
-        f"state instead, over {p.cores} cores. Shuffling file names shuffles less finely within a file (not at all "
+        f"state instead, over {p.cores_words}. Shuffling file names shuffles less finely within a file (not at all "
         "for one image per file).",
     )
 
