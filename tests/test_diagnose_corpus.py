@@ -1,9 +1,10 @@
 """diagnose on users' own training scripts (tests/user_pipelines.py): the first recommendation names the planted cause.
 
 Each case is profiled once, into a folder with a neutral name (run_00, run_01, ...): diagnose
-sees only the profile, never the case's name or code. The whole corpus takes about 20 s here
-(10-step profiles of small models), so it runs with the fast tests; only the timing comparison
-of fixed pipelines, which a busy machine can upset, is marked slow.
+sees only the profile, never the case's name or code. Profiling the whole corpus takes 25-40 s
+here (10-step profiles of small models), so it runs with the fast tests; only the timing
+comparison of fixed pipelines, which a busy machine can upset, is marked slow. How fast diagnose
+itself is, is measured by a benchmark (`make bench-diagnose`), never asserted here.
 """
 
 import itertools
