@@ -13,6 +13,7 @@ import pytest
 
 from tests import corpus_expectations, user_pipelines
 from train import diagnose
+from train.diagnose.structural import structural_fixes
 
 PLANTED = {  # case -> the cause the first recommendation must name
     "generator_python_decode": "python-generator",
@@ -24,6 +25,7 @@ PLANTED = {  # case -> the cause the first recommendation must name
     "slow_augmentation": "slow-augmentation",
     "shuffle_decoded_full_size": "shuffle-buffer-refill",
     "cache_after_augmentation": "cache-after-augmentation",
+    "decode_map_no_prefetch": "sequential-map",
 }
 INPUT_CAUSES = set(PLANTED.values()) - {"small-batch"} | {"heavy-map", "decode-every-epoch", "slow-stage"}
 
@@ -97,6 +99,33 @@ def test_the_fixed_pipeline_no_longer_shows_its_cause(profiled, case):
     """The first fix applied as a user would write it: the profile no longer shows the cause."""
     after = _only_run(profiled(case + "_fixed"))
     assert PLANTED[case] not in {r["cause"] for r in after["recommendations"]}, after["recommendations"]
+
+
+def test_a_pipeline_without_prefetch_lists_it_even_when_another_cause_ranks_first(profiled):
+    """No prefetch anywhere, waiting for input a quarter of each step or more: the map ranks first, and the prefetch
+    the tree lacks is listed too, with its estimate and the reason for it (the map-and-batch runs a batch ahead)."""
+    item = _only_run(profiled("decode_map_no_prefetch"))
+    assert item["verdict"] == "input-bound" and item["profile"]["input_pipeline"]["prefetch"] == []
+    assert item["recommendations"][0]["cause"] == "sequential-map"
+    prefetch = next(r for r in item["recommendations"] if r["cause"] == "no-prefetch")
+    assert prefetch["estimated_gain"] >= 1.0 and "MapAndBatch" in prefetch["evidence"]
+    assert "runs ahead" in prefetch["evidence"] and ".prefetch(tf.data.AUTOTUNE)" in prefetch["fix"]
+
+
+def test_every_structural_fix_the_tree_shows_is_found(profiled):
+    """Files read one at a time, a map written without parallel calls that decodes every epoch, no prefetch: each
+    is found in the tree whichever holds the step most, and none is listed twice."""
+    item = _only_run(profiled("records_one_at_a_time"))
+    assert item["verdict"] == "input-bound"
+    profile = item["profile"]
+    found = structural_fixes(profile["input_pipeline"], profile["device_busy_percent"] is None, listed=[])
+    by_cause = {r.cause: r for r in found}
+    assert {"sequential-file-reads", "sequential-map", "decode-every-epoch", "no-prefetch"} <= set(by_cause)
+    assert by_cause["sequential-file-reads"].stage.endswith("FlatMap")
+    assert by_cause["sequential-map"].stage == by_cause["decode-every-epoch"].stage  # the parse map
+    listed = [(r["cause"], r["stage"]) for r in item["recommendations"]]
+    assert len(listed) == len(set(listed))
+    assert {"sequential-file-reads", "sequential-map", "no-prefetch"} <= {cause for cause, _ in listed}
 
 
 EXPECTED = corpus_expectations.load()

@@ -337,3 +337,58 @@ def profile(case: str, files: dict, logdir: Path, how: str = "markers") -> float
         callback = StepTraceProfiler(logdir, start_step=START, num_steps=STEPS)
     model.fit(dataset, verbose=0, callbacks=[callback], **fit_args)
     return time.perf_counter() - started
+
+
+# ---- appended for diagnose's structural fixes: every defect the pipeline tree shows is listed ----------------------
+
+
+def light_model(input_shape=(SIZE, SIZE, 3)):
+    model = keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Conv2D(6, 3, activation="relu"),
+            keras.layers.Conv2D(6, 3, strides=2, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def decode_map_no_prefetch(files):
+    """JPEGs decoded and resized in a map written without num_parallel_calls, batched, and no prefetch (autotune
+    off): the map holds the step; nothing buffers batches ahead of the model."""
+
+    def load(path, label):
+        image = tf.image.resize(tf.io.decode_jpeg(tf.io.read_file(path), channels=3), (SIZE, SIZE))
+        return tf.cast(image, tf.uint8), label
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    ds = tf.data.Dataset.from_tensor_slices((files["jpegs"], files["labels"]))
+    ds = ds.repeat().map(load).batch(32).with_options(options)
+    return ds, light_model(), {"steps_per_epoch": 20}
+
+
+def records_one_at_a_time(files):
+    """GZIP shards read one after another, parsed in a map written without num_parallel_calls, batched, no
+    prefetch (autotune off): several defects in one tree, whichever holds the step most."""
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, spec)
+        image = tf.reshape(tf.io.decode_raw(example["image"], tf.float32), (SIZE, SIZE, 3))
+        return tf.cast(image * 255, tf.uint8), example["label"]
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    ds = tf.data.TFRecordDataset(files["shards"], compression_type="GZIP")
+    ds = ds.repeat().map(parse).batch(64).with_options(options)
+    return ds, small_model(), {"steps_per_epoch": 20}
+
+
+STRUCTURAL = {"decode_map_no_prefetch": decode_map_no_prefetch, "records_one_at_a_time": records_one_at_a_time}
+CASES.update(STRUCTURAL)
+ALL.update(STRUCTURAL)

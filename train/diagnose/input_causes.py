@@ -121,6 +121,9 @@ class Blame:
         """What spreading this stage's work over the pipeline's cores would remove."""
         return self.ms * max(1 - self.concurrency / self.pipeline.cores, 0.0)
 
+    def add(self, cause, title, removes_ms, evidence, fix, caveat=None) -> None:
+        self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head["path"])
+
     @property
     def cache_line(self) -> str:
         element = st.element_bytes(self.head)
@@ -175,7 +178,7 @@ def blocking_stage(b: Blame) -> None:
 
 
 def python_generator(b: Blame) -> None:
-    b.pipeline.causes.add(
+    b.add(
         "python-generator",
         "Python generator (from_generator) feeds the pipeline",
         b.spread_over_cores,
@@ -193,7 +196,7 @@ def python_generator(b: Blame) -> None:
 
 
 def sequential_file_reads(b: Blame, reader: dict) -> None:
-    b.pipeline.causes.add(
+    b.add(
         "sequential-file-reads",
         "Files are read one after another",
         b.ms * (1 - 1 / b.pipeline.cores),
@@ -211,7 +214,7 @@ def sequential_file_reads(b: Blame, reader: dict) -> None:
 
 
 def slow_file_reads(b: Blame, reader: dict) -> None:
-    b.pipeline.causes.add(
+    b.add(
         "slow-file-reads",
         "Reading files is slow even in parallel",
         b.ms,
@@ -225,7 +228,7 @@ def slow_file_reads(b: Blame, reader: dict) -> None:
 
 
 def slow_stage(b: Blame) -> None:
-    b.pipeline.causes.add(
+    b.add(
         "slow-stage",
         f"The {b.head['kind']} stage holds the step",
         b.ms * 0.5,
@@ -237,7 +240,7 @@ def slow_stage(b: Blame) -> None:
 
 
 def python_in_map(b: Blame) -> None:
-    b.pipeline.causes.add(
+    b.add(
         "python-in-map",
         "Python inside a map (tf.py_function / tf.numpy_function)",
         b.spread_over_cores,
@@ -276,7 +279,7 @@ def sequential_map(b: Blame) -> None:
     if b.deterministic:
         fix += f" Then: {b.cache_line} (up to {ms(b.ms)} per step: {gain(step, b.ms):.2f}x)."
     fix += " In this template: pipeline.parallel_calls: auto" + (", pipeline.cache: auto." if b.deterministic else ".")
-    b.pipeline.causes.add(
+    b.add(
         "sequential-map",
         "A map written without num_parallel_calls",
         best[0],
@@ -289,7 +292,7 @@ def sequential_map(b: Blame) -> None:
 
 
 def slow_augmentation(b: Blame) -> None:
-    b.pipeline.causes.add(
+    b.add(
         "slow-augmentation",
         "Per-example augmentation is slower than the model",
         b.ms,
@@ -309,7 +312,7 @@ def slow_augmentation(b: Blame) -> None:
 
 
 def decode_every_epoch(b: Blame) -> None:
-    b.pipeline.causes.add(
+    b.add(
         "decode-every-epoch",
         "Decoding every example every epoch",
         b.ms,
@@ -339,7 +342,7 @@ def heavy_map(b: Blame) -> None:
             "or offline. In this template: pipeline.data_service."
         )
         caveat = f"the work over {b.pipeline.cores_note}."
-    b.pipeline.causes.add(
+    b.add(
         "heavy-map",
         "A map does more work than the model",
         b.ms if b.deterministic else b.spread_over_cores,
@@ -384,6 +387,7 @@ def shuffle_buffer_refill(s: dict, p: Pipeline) -> None:
         f"Estimate: the fills vanish and their work ({ms(redone * p.cores)} of CPU per step) is done in the steady "
         f"state instead, over {p.cores_words}. Shuffling file names shuffles less finely within a file (not at all "
         "for one image per file).",
+        stage=s["path"],
     )
 
 
@@ -412,24 +416,42 @@ def cache_after_augmentation(p: Pipeline) -> None:
                 "(tf.image.flip_left_right is not): check the function. After the move, the augmentation runs every "
                 "epoch.",
                 kind=CORRECTNESS,
+                stage=s["path"],
             )
             return
 
 
+def root_stage(stages: list[dict]) -> dict | None:
+    """The stage the model reads from: the first under Root that does work of its own."""
+    return next((s for s in stages if s["path"].count("::") >= 1 and not s["pass_through"]), None)
+
+
+def prefetched(stage: dict, stages: list[dict]) -> bool:
+    """Whether a Prefetch (yours or injected by tf.data) runs `stage` ahead of its consumer."""
+    return any(o["kind"] == "Prefetch" and st.under(stage["path"], o["path"]) for o in stages)
+
+
 def no_prefetch(p: Pipeline) -> None:
-    if p.wait["prefetch"] or p.input_ms <= 0:
-        return
-    top = next((s for s in p.stages if s["path"].count("::") >= 1 and not s["pass_through"]), None)
-    if top is None or top["async"]:
+    """Nothing runs ahead of the model at the root: its stage is synchronous and no Prefetch sits above it."""
+    top = root_stage(p.stages)
+    if p.input_ms <= 0 or top is None or top["async"] or prefetched(top, p.stages):
         return  # the stage the model reads from already runs ahead of it
-    autotune = " (autotune is off, so tf.data injected none)" if p.wait.get("autotune") is False else ""
+    deeper = [s for s in p.stages if s["kind"] == "Prefetch"]
+    if deeper:  # a prefetch further down (before .batch(), say) already overlaps what lies below it
+        above = sum(
+            s["blocking_ms"] + s["fill_ms"] for s in p.stages if not s["pass_through"] and not prefetched(s, p.stages)
+        )
+        where = f"the Prefetch at {deeper[0]['path']} runs only what lies below it ahead"
+    else:
+        above = p.input_ms
+        autotune = " (autotune is off, so tf.data injected none)" if p.wait.get("autotune") is False else ""
+        where = f"no Prefetch anywhere in the pipeline{autotune}"
     p.causes.add(
         "no-prefetch",
         "Nothing runs ahead of the model (no prefetch)",
-        min(p.input_ms, p.other_ms),
-        f"no Prefetch anywhere in the pipeline{autotune}: the stage the model reads from, {st.name(top)}, is "
-        f"synchronous, so every batch is produced while the model waits: {ms(p.input_ms)} per step, against "
-        f"{ms(p.other_ms)} of step that could overlap it",
+        min(above, p.other_ms),
+        f"{where}: the stage the model reads from, {st.name(top)}, is synchronous, so every batch is produced while "
+        f"the model waits: {ms(above)} per step, against {ms(p.other_ms)} of step that could overlap it",
         "End the pipeline with `.prefetch(tf.data.AUTOTUNE)`. In this template: pipeline.prefetch: auto.",
         "Estimate: production overlaps the rest of the step (it can hide at most that much)."
         + (
@@ -437,4 +459,5 @@ def no_prefetch(p: Pipeline) -> None:
             if p.cpu_only
             else ""
         ),
+        stage=top["path"],
     )

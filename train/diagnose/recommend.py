@@ -5,10 +5,13 @@ from __future__ import annotations
 from train.diagnose.input_causes import input_causes
 from train.diagnose.recommendation import Causes, Recommendation, rank
 from train.diagnose.step_causes import device_causes, per_step_overhead
+from train.diagnose.structural import structural_fixes
+from train.diagnose.verdict import INPUT_BOUND
 
 
 def recommendations(profile: dict, config: dict | None = None) -> list[Recommendation]:
-    """The causes this profile shows, ranked: what changes what is learned first, then most step time removed.
+    """The causes this profile shows, ranked: what changes what is learned first, then most step time removed;
+    then, when the run is input-bound, the structural fixes its pipeline tree shows that none of those makes.
 
     `config` is the run's config.yaml where there is one (it tells the precision the run trained in).
     """
@@ -21,4 +24,7 @@ def recommendations(profile: dict, config: dict | None = None) -> list[Recommend
         per_step_overhead(wait, pipeline)
     step = Causes(profile["step_time_ms"])  # figures of xprof's step breakdown
     device_causes(profile, config or {}, step)
-    return rank(pipeline.found + step.found)
+    ranked = rank(pipeline.found + step.found)
+    if profile["input_bound_percent"] >= INPUT_BOUND:
+        ranked += structural_fixes(wait, profile["device_busy_percent"] is None, ranked)
+    return ranked

@@ -42,6 +42,7 @@ class Recommendation:
     evidence: str  # this profile's figures
     fix: str  # plain tf.data / Keras first, then this template's knob
     caveat: str | None = None  # what the estimate assumes, what the trace cannot tell
+    stage: str | None = None  # the tf.data stage it names ("Iterator::Root::MapAndBatch"), None for step causes
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -58,7 +59,7 @@ class Causes:
         self.step_ms = step_ms
         self.found: list[Recommendation] = []
 
-    def add(self, cause, title, removes_ms, evidence, fix, caveat=None, kind=SPEED) -> None:
+    def add(self, cause, title, removes_ms, evidence, fix, caveat=None, kind=SPEED, stage=None) -> None:
         step = self.step_ms
         self.found.append(
             Recommendation(
@@ -71,6 +72,7 @@ class Causes:
                 evidence=evidence,
                 fix=fix,
                 caveat=caveat,
+                stage=stage,
             )
         )
 
