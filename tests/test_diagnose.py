@@ -134,6 +134,51 @@ def test_cores_the_profile_does_not_record_are_said_to_be_unknown(logs):
     assert "cores unknown" in unknown_first.caveat and "given in this profile" not in unknown_first.caveat
 
 
+def _claimed_gpu(logs, tmp_path, name):
+    """A real CPU profile in a run folder whose summary.json says it trained on a GPU, as a GPU run in a container
+    without profiling rights leaves it: CUPTI refused, so the profile holds host events only."""
+    run = tmp_path / name
+    shutil.copytree(logs / name, run)
+    (run / "summary.json").write_text(json.dumps({"device_kind": "gpu", "device": "1x GPU (NVIDIA H100 80GB HBM3)"}))
+    return run
+
+
+def test_a_gpu_run_without_device_trace_says_why_and_how_to_fix_it(logs, tmp_path):
+    fast = diagnose.diagnose(_claimed_gpu(logs, tmp_path, "fast"))["runs"]["."]
+    assert fast["verdict"] == "not-input-bound"  # not "device-bound" from the host's figures
+    assert not fast["device"]["cpu_only"] and fast["device"]["busy_percent"] is None
+    assert "H100" in fast["device"]["unmeasured"] and "SYS_ADMIN" in fast["device"]["unmeasured"]
+    assert "NVreg_RestrictProfilingToAdminUsers=0" in fast["device"]["unmeasured"]
+    text = diagnose.render({"runs": {".": fast}})
+    assert "device busy: not measured" in text and "CPU-only" not in text and "No device trace" in text
+    slow = diagnose.diagnose(_claimed_gpu(logs, tmp_path, "slow"))["runs"]["."]
+    assert slow["verdict"] == "input-bound"  # the input wait comes from host events and stands
+    assert slow["recommendations"][0]["cause"] == "python-in-map"
+
+
+def test_a_device_plane_without_events_is_no_device_busy_figure_of_zero(logs, tmp_path):
+    """A profile whose own metadata names a GPU (a /device:GPU:0 plane, as the GPU tracer adds one) without a
+    single device event: xprof calls it a GPU profile with no device compute; diagnose must not report 0 % busy."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    run = tmp_path / "gpu_plane"
+    shutil.copytree(logs / "fast", run)
+    xplane = next(run.rglob("*.xplane.pb"))
+    for cached in xplane.parent.iterdir():
+        if cached != xplane:
+            cached.unlink()  # xprof's conversion caches, made from the profile before the plane was added
+    space = xplane_pb2.XSpace.FromString(xplane.read_bytes())
+    plane = space.planes.add()
+    plane.id, plane.name = max(p.id for p in space.planes) + 1, "/device:GPU:0"
+    xplane.write_bytes(space.SerializeToString())
+    item = diagnose.diagnose(run)["runs"]["."]
+    assert item["profile"]["hardware_type"] == "GPU" and item["profile"]["device_busy_percent"] == 0.0
+    assert item["verdict"] == "not-input-bound" and item["device"]["busy_percent"] is None
+    assert "CUPTI" in item["device"]["unmeasured"]
+    assert "model-too-small" not in {r["cause"] for r in item["recommendations"]}
+    assert "device busy: not measured" in diagnose.render({"runs": {".": item}})
+
+
 def test_folder_without_profiles_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="No TensorBoard profile"):
         diagnose.diagnose(tmp_path)

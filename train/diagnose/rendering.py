@@ -40,14 +40,17 @@ def _tree(wait: dict) -> list[str]:
     return lines
 
 
-def _figures(profile: dict) -> list[str]:
-    device = profile["device_busy_percent"]
+def _figures(profile: dict, device: dict) -> list[str]:
+    busy = device["busy_percent"]
+    if busy is not None:
+        busy_text = f"{busy:.1f}%"
+    else:
+        busy_text = "n/a (CPU-only profile)" if device["cpu_only"] else "not measured (see the note below)"
     return [
         f"  step {profile['step_time_ms']:.1f} ms = input {profile['input_ms']:.1f} + host compute "
         f"{profile['host_compute_ms']:.1f} + device compute {profile['device_compute_ms']:.1f} + launch "
         f"{profile['kernel_launch_ms']:.1f} + other {profile['other_ms']:.1f} ms",
-        f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time; device busy: "
-        + (f"{device:.1f}%" if device is not None else "n/a (CPU-only profile)"),
+        f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time; device busy: {busy_text}",
     ]
 
 
@@ -94,11 +97,12 @@ def _run(item: dict) -> list[str]:
     lines.append(f"  steps: {source}" + (" (INFERRED: no step markers)" if item["steps_inferred"] else ""))
     if profile["input_bound_percent"] is None:
         lines.append(f"  verdict: unknown - {item['unmeasured'] or 'the input share could not be measured'}.")
+        lines += [f"  {note}" for note in item["notes"]]
         lines.append(f"  {HOW_TO_CAPTURE}")
         return lines
     label = " (inferred steps)" if item["steps_inferred"] else ""
     lines.append(f"  verdict: {item['verdict'].upper()}{label}")
-    lines += _figures(profile) + _pipeline(wait)
+    lines += _figures(profile, item["device"]) + _pipeline(wait)
     if profile["has_step_markers"] and profile["conclusion"]:
         lines.append(f"  xprof: {profile['conclusion']}")
     lines += _recommendations([Recommendation.from_dict(r) for r in item["recommendations"]])

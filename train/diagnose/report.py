@@ -21,6 +21,7 @@ import yaml
 
 from train.core.errors import UserError
 from train.diagnose import analysis
+from train.diagnose.device import DeviceView, run_record, view
 from train.diagnose.recommend import recommendations
 from train.diagnose.verdict import verdict
 
@@ -81,24 +82,28 @@ def diagnose(logdir: str | Path) -> dict:
             runs[run] = {"verdict": "unreadable", "error": str(error), "recommendations": []}
             continue
         wait = profile["input_pipeline"]
+        device = view(profile, run_record(session))
         runs[run] = {
-            "verdict": verdict(profile),
+            "verdict": verdict(profile, device),
             "steps_inferred": profile["steps_inferred"],
             "profile": profile,
-            "recommendations": [r.to_dict() for r in recommendations(profile, _run_config(session))],
+            "device": device.to_dict(),
+            "recommendations": [r.to_dict() for r in recommendations(profile, _run_config(session), device)],
             "how_to_capture": None if profile["has_step_markers"] else HOW_TO_CAPTURE,
             "unmeasured": None if profile["input_bound_percent"] is not None else wait.get("reason"),
-            "notes": notes(profile),
+            "notes": notes(profile, device),
         }
     return {"logdir": str(logdir), "runs": runs}
 
 
-def notes(profile: dict) -> list[str]:
-    """What the figures cannot show in this profile: shared cores, producers that left no events."""
+def notes(profile: dict, device: DeviceView | None = None) -> list[str]:
+    """What the figures cannot show in this profile: a device's share, shared cores, producers that left no events."""
+    device = device or view(profile)
+    found = [device.unmeasured] if device.unmeasured else []
     wait = profile["input_pipeline"]
     if not wait.get("measured"):
-        return []
-    found = [CPU_ONLY_NOTE] if profile["device_busy_percent"] is None else []
+        return found
+    found += [CPU_ONLY_NOTE] if device.cpu_only else []
     lost, input_ms = wait.get("unattributed_ms") or 0.0, wait["input_ms"] or 0.0
     if input_ms >= 0.1 * wait["step_ms"] and lost >= 0.25 * input_ms:
         held = max((s for s in wait["stages"] if s["pass_through"]), key=lambda s: s["blocking_ms"])

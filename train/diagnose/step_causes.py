@@ -56,6 +56,7 @@ class Breakdown:
 
     profile: dict
     precision: str | None  # the run's train.precision where its config says, else None
+    busy: float | None  # the device's share of the step where measured (train/diagnose/device.py)
 
     @property
     def step(self) -> float:
@@ -64,17 +65,13 @@ class Breakdown:
     def share(self, key: str) -> float:
         return 100 * self.profile[key] / self.step
 
-    @property
-    def busy(self) -> float | None:
-        return self.profile["device_busy_percent"]
 
-
-def device_causes(profile: dict, config: dict, causes: Causes) -> None:
+def device_causes(profile: dict, config: dict, busy: float | None, causes: Causes) -> None:
     """Causes from xprof's step breakdown: launches, compilation, copies, placement, device use, precision."""
     if not profile["has_step_markers"] or not profile["step_time_ms"]:
         return
     train = config.get("train")
-    b = Breakdown(profile, train.get("precision") if isinstance(train, dict) else None)
+    b = Breakdown(profile, train.get("precision") if isinstance(train, dict) else None, busy)
     small_kernels(b, causes)
     recompilation(b, causes)
     device_copies(b, causes)
