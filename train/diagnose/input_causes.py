@@ -117,9 +117,26 @@ class Blame:
         return self.shares.get("augmentation", 0.0) == 0.0 and self.shares.get("python", 0.0) == 0.0
 
     @property
+    def worked(self) -> float:
+        """The part of the wait the stage's own function work explains: its blame, at most that work's wall time."""
+        return min(self.ms, self.fn["wall_ms"]) if self.fn else self.ms
+
+    @property
+    def counted(self) -> str:
+        """What an estimate built on `worked` leaves out, said where the trace shows less work than wait."""
+        unseen = self.ms - self.worked
+        if unseen < 0.1 * self.ms:
+            return ""
+        return (
+            f" It counts the {ms(self.worked)} per step of the wait on this stage that its function's work explains; "
+            f"the other {ms(unseen)} shows no work of it in the trace (hand-offs between its threads, or threads "
+            "waiting for a core on a busy machine), which the fix may remove too."
+        )
+
+    @property
     def spread_over_cores(self) -> float:
         """What spreading this stage's work over the pipeline's cores would remove."""
-        return self.ms * max(1 - self.concurrency / self.pipeline.cores, 0.0)
+        return self.worked * max(1 - self.concurrency / self.pipeline.cores, 0.0)
 
     def add(self, cause, title, removes_ms, evidence, fix, caveat=None) -> None:
         self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head["path"])
@@ -191,7 +208,7 @@ def python_generator(b: Blame) -> None:
         "In this template: pipeline.reader: tfrecord, pipeline.parallel_calls: auto.",
         f"Estimate: the same work spread over {b.pipeline.cores_note}; TF ops are usually faster than the Python they "
         "replace, so the real gain can be larger. The trace shows time inside Python, not whether that Python "
-        "computed or waited on files.",
+        "computed or waited on files." + b.counted,
     )
 
 
@@ -255,7 +272,8 @@ def python_in_map(b: Blame) -> None:
         "result (TFRecord), or spread it over processes (tf.data service). In this template: pipeline.reader: "
         "tfrecord, pipeline.parallel_calls: auto, pipeline.data_service.",
         f"Estimate: the same work without the GIL, over {b.pipeline.cores_note}; TF ops are usually faster than the "
-        "Python they replace. The trace shows time inside Python, not whether it computed or waited on I/O.",
+        "Python they replace. The trace shows time inside Python, not whether it computed or waited on I/O."
+        + b.counted,
     )
 
 
@@ -263,7 +281,7 @@ def sequential_map(b: Blame) -> None:
     step, parallel_gain = b.pipeline.step, b.spread_over_cores
     options = [(parallel_gain, "`.map(f, num_parallel_calls=tf.data.AUTOTUNE)`")]
     if b.deterministic:
-        options.append((b.ms, b.cache_line))
+        options.append((b.worked, b.cache_line))
     best = max(options, key=lambda o: o[0])
     rescued = (
         f"tf.data parallelized it itself (map parallelization; parallelism {b.parallelism}), so on these cores "
@@ -277,7 +295,7 @@ def sequential_map(b: Blame) -> None:
         f"{gain(step, parallel_gain):.2f}x)."
     )
     if b.deterministic:
-        fix += f" Then: {b.cache_line} (up to {ms(b.ms)} per step: {gain(step, b.ms):.2f}x)."
+        fix += f" Then: {b.cache_line} (up to {ms(b.worked)} per step: {gain(step, b.worked):.2f}x)."
     fix += " In this template: pipeline.parallel_calls: auto" + (", pipeline.cache: auto." if b.deterministic else ".")
     b.add(
         "sequential-map",
@@ -287,7 +305,7 @@ def sequential_map(b: Blame) -> None:
         fix,
         f"Estimate for parallel calls: the work spread over {b.pipeline.cores_note}. On a CPU-only profile the map "
         "and the model share those cores, so whether the map is slow by itself or starved by the model cannot be "
-        "told apart here.",
+        "told apart here." + b.counted,
     )
 
 
@@ -295,7 +313,7 @@ def slow_augmentation(b: Blame) -> None:
     b.add(
         "slow-augmentation",
         "Per-example augmentation is slower than the model",
-        b.ms,
+        b.worked,
         f"{b.text}: {b.shares['augmentation']:.0%} of its op time is augmentation, applied per example; {b.ran}",
         "Augment whole batches: `.batch(256).map(augment_batch, num_parallel_calls=tf.data.AUTOTUNE)` with ops "
         "that take a batch (one op call per batch instead of one per image), or move augmentation into the "
@@ -307,7 +325,8 @@ def slow_augmentation(b: Blame) -> None:
             "removing it; batching it is what saves CPU here."
             if b.pipeline.cpu_only
             else ""
-        ),
+        )
+        + b.counted,
     )
 
 
@@ -315,13 +334,13 @@ def decode_every_epoch(b: Blame) -> None:
     b.add(
         "decode-every-epoch",
         "Decoding every example every epoch",
-        b.ms,
+        b.worked,
         f"{b.text}: {b.shares['decode']:.0%} of its op time decodes; {b.ran}",
         "`.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()` keeps decoded examples after the first "
         "epoch; if they do not fit in memory, decode at reduced size (`tf.io.decode_jpeg(data, ratio=2)`, "
         "`tf.io.decode_and_crop_jpeg`) or `.cache(filename)`. In this template: pipeline.cache: auto, "
         "pipeline.scaled_decode, pipeline.random_crop.",
-        "Estimate: decoding vanishes after the first epoch under a cache.",
+        "Estimate: decoding vanishes after the first epoch under a cache." + b.counted,
     )
 
 
@@ -345,10 +364,10 @@ def heavy_map(b: Blame) -> None:
     b.add(
         "heavy-map",
         "A map does more work than the model",
-        b.ms if b.deterministic else b.spread_over_cores,
+        b.worked if b.deterministic else b.spread_over_cores,
         f"{b.text}: {b.ran}",
         fix,
-        "Estimate: " + caveat,
+        "Estimate: " + caveat + b.counted,
     )
 
 
