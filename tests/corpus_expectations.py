@@ -9,7 +9,9 @@ Recording (profiles every case ROUNDS times into ROOT, diagnoses them all and wr
 
     python -m tests.corpus_expectations ROOT --rounds 3 [--out tests/corpus_expectations.yaml]
 
-Profiles already under ROOT/round_N/ are reused, so rounds made at different times (quiet, and
+`--fixes` prints, for the cases with a fixed pipeline, the first fix's estimated gain and the gain
+per example measured on the fixed pipeline's profiles (the README's table). Profiles already under
+ROOT/round_N/ are reused, so rounds made at different times (quiet, and
 under another process's load) can be pooled. The gain band is the observed range of the share of
 step time the first fix removes, widened by TOLERANCE points either way (profiles of the same
 script vary run to run, more so on a busy machine), written as gains.
@@ -143,11 +145,43 @@ def record(root: Path, rounds: int, out: Path) -> dict:
     return cases
 
 
+def fixes(root: Path) -> dict:
+    """Per case with a fixed pipeline: the first fix's estimated gain and the gain per example measured by
+    profiling the fixed pipeline, each as (median, [per round]) over the rounds under ROOT."""
+    from statistics import median
+
+    from tests.user_pipelines import FIXED
+    from train.diagnose.report import diagnose
+
+    def per_example(item: dict) -> float:
+        wait = item["profile"]["input_pipeline"]
+        return wait["step_ms"] / wait["batch_size"]
+
+    found = {}
+    for case in sorted(FIXED):
+        estimated, measured = [], []
+        for round_dir in sorted(root.glob("round_*")):
+            before, after = round_dir / case, round_dir / f"{case}_fixed"
+            if before.is_dir() and after.is_dir():
+                (b,) = diagnose(before)["runs"].values()
+                (a,) = diagnose(after)["runs"].values()
+                estimated.append(b["recommendations"][0]["estimated_gain"])
+                measured.append(round(per_example(b) / per_example(a), 2))
+        if estimated:
+            found[case] = {"estimated": (median(estimated), estimated), "measured": (median(measured), measured)}
+    return found
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="a folder for the profiles (kept, reused by later calls)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=FILE)
+    parser.add_argument("--fixes", action="store_true", help="print estimated and measured gains of the first fixes")
     args = parser.parse_args()
+    if args.fixes:
+        for case, figures in fixes(args.root).items():
+            print(f"{case:28s} estimated {figures['estimated']}  measured {figures['measured']}")
+        sys.exit(0)
     for key, case in record(args.root, args.rounds, args.out).items():
         print(f"{key:40s} {case['verdicts']} {case['first']} {case['gain']} observed {case['observed']}")
