@@ -16,6 +16,7 @@ from tests.conftest import run_cli
 from train import diagnose, models
 from train.core.errors import UserError
 from train.diagnose import command, report, verdict
+from train.diagnose.device import DeviceView
 from train.diagnose.recommend import recommendations
 from train.measure.profiling import StepTraceProfiler
 
@@ -274,6 +275,7 @@ def test_a_wait_whose_producers_left_no_events_is_called_out():
         wait = {"measured": True, "step_ms": 10.0, "input_ms": 8.0, "unattributed_ms": unattributed_ms}
         return {"device_busy_percent": 50.0, "input_pipeline": {**wait, "stages": stages}}
 
-    (note,) = report.notes(profile(3.0))
+    gpu = DeviceView(cpu_only=False, busy_percent=50.0, unmeasured=None)
+    (note,) = report.notes(profile(3.0), gpu)
     assert note.startswith("Unseen producers") and "3.0 ms of the 8.0 ms" in note and "Iterator::Root::Prefetch" in note
-    assert report.notes(profile(0.5)) == []
+    assert report.notes(profile(0.5), gpu) == []

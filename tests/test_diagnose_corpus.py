@@ -13,6 +13,7 @@ import pytest
 
 from tests import corpus_expectations, user_pipelines
 from train import diagnose
+from train.diagnose.recommendation import Recommendation
 from train.diagnose.structural import structural_fixes
 
 PLANTED = {  # case -> the cause the first recommendation must name
@@ -112,20 +113,27 @@ def test_a_pipeline_without_prefetch_lists_it_even_when_another_cause_ranks_firs
     assert "runs ahead" in prefetch["evidence"] and ".prefetch(tf.data.AUTOTUNE)" in prefetch["fix"]
 
 
+def _structural(item, listed=()):
+    wait = item["profile"]["input_pipeline"]
+    return {r.cause: r for r in structural_fixes(wait, item["device"]["cpu_only"], listed=list(listed))}
+
+
 def test_every_structural_fix_the_tree_shows_is_found(profiled):
-    """Files read one at a time, a map written without parallel calls that decodes every epoch, no prefetch: each
-    is found in the tree whichever holds the step most, and none is listed twice."""
+    """Files read one at a time, a map written without parallel calls, no prefetch: each is found in the tree
+    whichever holds the step most, listed, and none twice; decoding every epoch with no cache after it too."""
     item = _only_run(profiled("records_one_at_a_time"))
     assert item["verdict"] == "input-bound"
-    profile = item["profile"]
-    found = structural_fixes(profile["input_pipeline"], profile["device_busy_percent"] is None, listed=[])
-    by_cause = {r.cause: r for r in found}
-    assert {"sequential-file-reads", "sequential-map", "decode-every-epoch", "no-prefetch"} <= set(by_cause)
-    assert by_cause["sequential-file-reads"].stage.endswith("FlatMap")
-    assert by_cause["sequential-map"].stage == by_cause["decode-every-epoch"].stage  # the parse map
+    three = ("sequential-file-reads", "sequential-map", "no-prefetch")
+    found = _structural(item)
+    assert set(three) <= set(found)
+    assert found["sequential-file-reads"].stage.endswith("FlatMap")
+    assert found["sequential-map"].stage.endswith("MapAndBatch")
     listed = [(r["cause"], r["stage"]) for r in item["recommendations"]]
-    assert len(listed) == len(set(listed))
-    assert {"sequential-file-reads", "sequential-map", "no-prefetch"} <= {cause for cause, _ in listed}
+    assert len(listed) == len(set(listed)) and {(found[c].cause, found[c].stage) for c in three} <= set(listed)
+    decoded = _only_run(profiled("numpy_function_map_fixed"))  # decode + resize in a parallel map, no cache
+    assert "decode-every-epoch" in _structural(decoded)  # found in the tree
+    already = [Recommendation.from_dict(r) for r in decoded["recommendations"]]
+    assert "decode-every-epoch" not in _structural(decoded, already)  # and not listed twice
 
 
 EXPECTED = corpus_expectations.load()

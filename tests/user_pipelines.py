@@ -377,10 +377,9 @@ def records_one_at_a_time(files):
     prefetch (autotune off): several defects in one tree, whichever holds the step most."""
     spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 
-    def parse(record):
+    def parse(record):  # float32 pixels as stored: the map decodes, nothing more
         example = tf.io.parse_single_example(record, spec)
-        image = tf.reshape(tf.io.decode_raw(example["image"], tf.float32), (SIZE, SIZE, 3))
-        return tf.cast(image * 255, tf.uint8), example["label"]
+        return tf.reshape(tf.io.decode_raw(example["image"], tf.float32), (SIZE, SIZE, 3)), example["label"]
 
     options = tf.data.Options()
     options.autotune.enabled = False
