@@ -81,7 +81,7 @@ def summarize(observations: list[tuple[str, str | None, float | None]], planted:
     """One case's record from its diagnoses: (verdict, first cause, its gain) per profile."""
     verdicts = sorted({v for v, _, _ in observations})
     firsts = [c for _, c, _ in observations]
-    main = planted if planted in firsts else max(set(firsts), key=firsts.count)
+    main = planted if planted is not None and planted in firsts else max(set(firsts), key=firsts.count)
     gains = [g for _, c, g in observations if c == main and g is not None]
     scores = [100 * (1 - 1 / g) for g in gains]
     removes = any(s > 0 for s in scores)  # a cause that changes what is learned removes no step time: gain 1.0

@@ -136,6 +136,17 @@ def test_every_structural_fix_the_tree_shows_is_found(profiled):
     assert "decode-every-epoch" not in _structural(decoded, already)  # and not listed twice
 
 
+def test_a_prefetch_below_the_root_does_not_hide_the_one_missing_at_the_root(profiled):
+    """A prefetch written before .shuffle().batch() makes elements ahead; the batches are still made while the model
+    waits, so the fix at the root is found, estimated on the wait above the deeper prefetch."""
+    item = _only_run(profiled("prefetch_before_batch"))
+    assert [p["path"].split("::")[-2:] for p in item["profile"]["input_pipeline"]["prefetch"]] == [
+        ["Shuffle", "Prefetch"]
+    ]
+    prefetch = _structural(item)["no-prefetch"]
+    assert prefetch.stage.endswith("BatchV2") and "runs only what lies below it ahead" in prefetch.evidence
+
+
 EXPECTED = corpus_expectations.load()
 
 

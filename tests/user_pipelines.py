@@ -388,6 +388,25 @@ def records_one_at_a_time(files):
     return ds, small_model(), {"steps_per_epoch": 20}
 
 
-STRUCTURAL = {"decode_map_no_prefetch": decode_map_no_prefetch, "records_one_at_a_time": records_one_at_a_time}
+def prefetch_before_batch(files):
+    """The no_prefetch pipeline with a prefetch written before .shuffle().batch() (autotune off): elements are
+    made ahead, but every batch is still shuffled out and assembled while the model waits."""
+
+    def preprocess(image, label):
+        image = tf.image.resize(tf.image.convert_image_dtype(image, tf.float32), (SIZE, SIZE), method="bicubic")
+        return tf.image.per_image_standardization(image), label
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    ds = tf.data.Dataset.from_tensor_slices((files["images"], files["image_labels"]))
+    ds = ds.repeat().map(preprocess, num_parallel_calls=2).prefetch(64).shuffle(256).batch(64).with_options(options)
+    return ds, medium_model(), {"steps_per_epoch": 20}
+
+
+STRUCTURAL = {
+    "decode_map_no_prefetch": decode_map_no_prefetch,
+    "records_one_at_a_time": records_one_at_a_time,
+    "prefetch_before_batch": prefetch_before_batch,
+}
 CASES.update(STRUCTURAL)
 ALL.update(STRUCTURAL)

@@ -22,6 +22,7 @@ from train.diagnose.input_causes import (
     Blame,
     Pipeline,
     decode_every_epoch,
+    no_prefetch,
     prefetched,
     root_stage,
     sequential_file_reads,
@@ -42,6 +43,7 @@ def structural_fixes(wait: dict, cpu_only: bool, listed: list[Recommendation]) -
     if not wait.get("measured"):
         return []
     p = Pipeline(wait, cpu_only, Causes(wait["step_ms"]))
+    no_prefetch(p)
     running_ahead_at_root(p)
     for s in p.stages:
         fn = s["functions"]
