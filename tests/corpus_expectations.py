@@ -13,8 +13,10 @@ Recording (profiles every case ROUNDS times into ROOT, diagnoses them all and wr
 per example measured on the fixed pipeline's profiles (the README's table). Profiles already under
 ROOT/round_N/ are reused, so rounds made at different times (quiet, and
 under another process's load) can be pooled. The gain band is the observed range of the share of
-step time the first fix removes, widened by TOLERANCE points either way (profiles of the same
-script vary run to run, more so on a busy machine), written as gains.
+step time the first fix removes, widened by TOLERANCE points or the factor RATIO, whichever is
+wider (profiles of the same script vary run to run; on a machine busy with other test suites the
+no_prefetch case's share went from 19-25 % to 37 %), written as gains. It catches an estimate
+gone wrong by more than that, not a small drift; verdicts and first causes are compared exactly.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from pathlib import Path
 import yaml
 
 FILE = Path(__file__).with_name("corpus_expectations.yaml")
-TOLERANCE = 10.0  # points of step time removed by the first fix
+TOLERANCE = 10.0  # points of step time removed by the first fix ...
+RATIO = 1.6  # ... or this factor on it, whichever is wider: a share of step time swings that much under load
 NONE = None  # a "first" of None: no recommendation at all
 MIN_GAIN = 1.05  # diagnose leaves out fixes estimated below this
 HOWS = {"numpy_function_map": ("stock", "bare")}  # cases also captured without step markers
@@ -85,8 +88,8 @@ def summarize(observations: list[tuple[str, str | None, float | None]], planted:
     gains = [g for _, c, g in observations if c == main and g is not None]
     scores = [100 * (1 - 1 / g) for g in gains]
     removes = any(s > 0 for s in scores)  # a cause that changes what is learned removes no step time: gain 1.0
-    low = round(_gain(min(scores) - TOLERANCE), 2) if removes else 1.0
-    high = round(_gain(max(scores) + TOLERANCE), 2) if removes else 1.0
+    low = round(_gain(min(min(scores) - TOLERANCE, min(scores) / RATIO)), 2) if removes else 1.0
+    high = round(_gain(max(max(scores) + TOLERANCE, max(scores) * RATIO)), 2) if removes else 1.0
     if not planted and main is not NONE and low < MIN_GAIN:
         firsts.append(NONE)  # a fix this close to the 5 % cut-off may be left out, and nothing else found
     seen = sorted(set(firsts), key=lambda c: (c != main, str(c)))
@@ -139,7 +142,10 @@ def record(root: Path, rounds: int, out: Path) -> dict:
     out.write_text(
         header
         + yaml.safe_dump(
-            {"tolerance_points": TOLERANCE, "cases": cases}, sort_keys=False, default_flow_style=None, width=120
+            {"tolerance_points": TOLERANCE, "tolerance_ratio": RATIO, "cases": cases},
+            sort_keys=False,
+            default_flow_style=None,
+            width=120,
         )
     )
     return cases
