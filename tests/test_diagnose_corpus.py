@@ -1,17 +1,20 @@
 """diagnose on users' own training scripts (tests/user_pipelines.py): the first recommendation names the planted cause.
 
 Each case is profiled once, into a folder with a neutral name (run_00, run_01, ...): diagnose
-sees only the profile, never the case's name or code. The whole corpus takes about 20 s here
-(10-step profiles of small models), so it runs with the fast tests; only the timing comparison
-of fixed pipelines, which a busy machine can upset, is marked slow.
+sees only the profile, never the case's name or code. Profiling the whole corpus takes 25-40 s
+here (10-step profiles of small models), so it runs with the fast tests; only the timing
+comparison of fixed pipelines, which a busy machine can upset, is marked slow. How fast diagnose
+itself is, is measured by a benchmark (`make bench-diagnose`), never asserted here.
 """
 
 import itertools
 
 import pytest
 
-from tests import user_pipelines
-from train.diagnose import report as diagnose
+from tests import corpus_expectations, user_pipelines
+from train import diagnose
+from train.diagnose.recommendation import Recommendation
+from train.diagnose.structural import structural_fixes
 
 PLANTED = {  # case -> the cause the first recommendation must name
     "generator_python_decode": "python-generator",
@@ -23,6 +26,7 @@ PLANTED = {  # case -> the cause the first recommendation must name
     "slow_augmentation": "slow-augmentation",
     "shuffle_decoded_full_size": "shuffle-buffer-refill",
     "cache_after_augmentation": "cache-after-augmentation",
+    "decode_map_no_prefetch": "sequential-map",
 }
 INPUT_CAUSES = set(PLANTED.values()) - {"small-batch"} | {"heavy-map", "decode-every-epoch", "slow-stage"}
 
@@ -96,6 +100,63 @@ def test_the_fixed_pipeline_no_longer_shows_its_cause(profiled, case):
     """The first fix applied as a user would write it: the profile no longer shows the cause."""
     after = _only_run(profiled(case + "_fixed"))
     assert PLANTED[case] not in {r["cause"] for r in after["recommendations"]}, after["recommendations"]
+
+
+def test_a_pipeline_without_prefetch_lists_it_even_when_another_cause_ranks_first(profiled):
+    """No prefetch anywhere, waiting for input a quarter of each step or more: the map ranks first, and the prefetch
+    the tree lacks is listed too, with its estimate and the reason for it (the map-and-batch runs a batch ahead)."""
+    item = _only_run(profiled("decode_map_no_prefetch"))
+    assert item["verdict"] == "input-bound" and item["profile"]["input_pipeline"]["prefetch"] == []
+    assert item["recommendations"][0]["cause"] == "sequential-map"
+    prefetch = next(r for r in item["recommendations"] if r["cause"] == "no-prefetch")
+    assert prefetch["estimated_gain"] >= 1.0 and "MapAndBatch" in prefetch["evidence"]
+    assert "runs ahead" in prefetch["evidence"] and ".prefetch(tf.data.AUTOTUNE)" in prefetch["fix"]
+
+
+def _structural(item, listed=()):
+    wait = item["profile"]["input_pipeline"]
+    return {r.cause: r for r in structural_fixes(wait, item["device"]["cpu_only"], listed=list(listed))}
+
+
+def test_every_structural_fix_the_tree_shows_is_found(profiled):
+    """Files read one at a time, a map written without parallel calls, no prefetch: each is found in the tree
+    whichever holds the step most, listed, and none twice; decoding every epoch with no cache after it too."""
+    item = _only_run(profiled("records_one_at_a_time"))
+    assert item["verdict"] == "input-bound"
+    three = ("sequential-file-reads", "sequential-map", "no-prefetch")
+    found = _structural(item)
+    assert set(three) <= set(found)
+    assert found["sequential-file-reads"].stage.endswith("FlatMap")
+    assert found["sequential-map"].stage.endswith("MapAndBatch")
+    listed = [(r["cause"], r["stage"]) for r in item["recommendations"]]
+    assert len(listed) == len(set(listed)) and {(found[c].cause, found[c].stage) for c in three} <= set(listed)
+    decoded = _only_run(profiled("numpy_function_map_fixed"))  # decode + resize in a parallel map, no cache
+    assert "decode-every-epoch" in _structural(decoded)  # found in the tree
+    already = [Recommendation.from_dict(r) for r in decoded["recommendations"]]
+    assert "decode-every-epoch" not in _structural(decoded, already)  # and not listed twice
+
+
+def test_a_prefetch_below_the_root_does_not_hide_the_one_missing_at_the_root(profiled):
+    """A prefetch written before .shuffle().batch() makes elements ahead; the batches are still made while the model
+    waits, so the fix at the root is found, estimated on the wait above the deeper prefetch."""
+    item = _only_run(profiled("prefetch_before_batch"))
+    assert [p["path"].split("::")[-2:] for p in item["profile"]["input_pipeline"]["prefetch"]] == [
+        ["Shuffle", "Prefetch"]
+    ]
+    prefetch = _structural(item)["no-prefetch"]
+    assert prefetch.stage.endswith("BatchV2") and "runs only what lies below it ahead" in prefetch.evidence
+
+
+EXPECTED = corpus_expectations.load()
+
+
+@pytest.mark.parametrize("key", corpus_expectations.keys(user_pipelines.ALL))
+def test_the_diagnosis_matches_the_recorded_expectation(profiled, key):
+    """Verdict, first cause and its estimated gain as recorded in tests/corpus_expectations.yaml."""
+    assert key in EXPECTED, f"no record for {key}: python -m tests.corpus_expectations ROOT --rounds 3"
+    item = _only_run(profiled(*corpus_expectations.split(key)))
+    found = corpus_expectations.mismatches(EXPECTED[key], item)
+    assert not found, (key, found, [(r["cause"], r["estimated_gain"]) for r in item["recommendations"]])
 
 
 def _per_example_ms(item):

@@ -339,6 +339,79 @@ def profile(case: str, files: dict, logdir: Path, how: str = "markers") -> float
     return time.perf_counter() - started
 
 
+# ---- appended for diagnose's structural fixes: every defect the pipeline tree shows is listed ----------------------
+
+
+def light_model(input_shape=(SIZE, SIZE, 3)):
+    model = keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Conv2D(6, 3, activation="relu"),
+            keras.layers.Conv2D(6, 3, strides=2, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def decode_map_no_prefetch(files):
+    """JPEGs decoded and resized in a map written without num_parallel_calls, batched, and no prefetch (autotune
+    off): the map holds the step; nothing buffers batches ahead of the model."""
+
+    def load(path, label):
+        image = tf.image.resize(tf.io.decode_jpeg(tf.io.read_file(path), channels=3), (SIZE, SIZE))
+        return tf.cast(image, tf.uint8), label
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    ds = tf.data.Dataset.from_tensor_slices((files["jpegs"], files["labels"]))
+    ds = ds.repeat().map(load).batch(32).with_options(options)
+    return ds, light_model(), {"steps_per_epoch": 20}
+
+
+def records_one_at_a_time(files):
+    """GZIP shards read one after another, parsed in a map written without num_parallel_calls, batched, no
+    prefetch (autotune off): several defects in one tree, whichever holds the step most."""
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(record):  # float32 pixels as stored: the map decodes, nothing more
+        example = tf.io.parse_single_example(record, spec)
+        return tf.reshape(tf.io.decode_raw(example["image"], tf.float32), (SIZE, SIZE, 3)), example["label"]
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    ds = tf.data.TFRecordDataset(files["shards"], compression_type="GZIP")
+    ds = ds.repeat().map(parse).batch(64).with_options(options)
+    return ds, small_model(), {"steps_per_epoch": 20}
+
+
+def prefetch_before_batch(files):
+    """The no_prefetch pipeline with a prefetch written before .shuffle().batch() (autotune off): elements are
+    made ahead, but every batch is still shuffled out and assembled while the model waits."""
+
+    def preprocess(image, label):
+        image = tf.image.resize(tf.image.convert_image_dtype(image, tf.float32), (SIZE, SIZE), method="bicubic")
+        return tf.image.per_image_standardization(image), label
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    ds = tf.data.Dataset.from_tensor_slices((files["images"], files["image_labels"]))
+    ds = ds.repeat().map(preprocess, num_parallel_calls=2).prefetch(64).shuffle(256).batch(64).with_options(options)
+    return ds, medium_model(), {"steps_per_epoch": 20}
+
+
+STRUCTURAL = {
+    "decode_map_no_prefetch": decode_map_no_prefetch,
+    "records_one_at_a_time": records_one_at_a_time,
+    "prefetch_before_batch": prefetch_before_batch,
+}
+CASES.update(STRUCTURAL)
+ALL.update(STRUCTURAL)
+
+
 # ---- custom training loops, and the corpus as scripts a user runs (python -m train profile -- python ...) ---------
 # Run as a script: `python tests/user_pipelines.py CASE FILES_DIR [--steps N] [--times FILE]` trains one case with
 # nothing of this project imported and no profiler or step-marker code: what `profile` must capture from outside.

@@ -135,7 +135,7 @@ def cmd_bench_diagnose(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from train.diagnose import report as diagnose
+    from train import diagnose
 
     return diagnose.main(
         args.logdir,
@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-if-input-bound",
         type=float,
         metavar="PCT",
-        help="exit with status 3 when a run waits for input more than PCT%% of step time, and with status 4 when "
+        help="exit with status 3 when a run waits for input PCT%% of step time or more, and with status 4 when "
         "a run's input share could not be measured (unreadable profile, no steps, no tf.data input)",
     )
     diagnose.add_argument(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from train.core import files
 from train.core.errors import UserError
-from train.diagnose import report as analyser  # the analyser's entry points: diagnose(), render(), main()
+from train import diagnose as analyser  # the analyser's entry points: diagnose(), render(), main()
 from train.profile import explain, runner
 
 

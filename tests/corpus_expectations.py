@@ -1,0 +1,193 @@
+"""What diagnose says about each corpus profile, recorded, and the check against that record.
+
+tests/corpus_expectations.yaml holds, per corpus case (tests/user_pipelines.py; "case/stock" and
+"case/bare" for the other two ways of capturing), the verdicts, the first recommendation's cause
+and a band for its estimated gain, as observed over several profiles of that case. A change to
+the analyser that changes what it concludes about the corpus shows up as a mismatch.
+
+Recording (profiles every case ROUNDS times into ROOT, diagnoses them all and writes the file):
+
+    python -m tests.corpus_expectations ROOT --rounds 3 [--out tests/corpus_expectations.yaml]
+
+`--fixes` prints, for the cases with a fixed pipeline, the first fix's estimated gain and the gain
+per example measured on the fixed pipeline's profiles (the README's table). Profiles already under
+ROOT/round_N/ are reused, so rounds made at different times (quiet, and
+under another process's load) can be pooled. The gain band is the observed range of the share of
+step time the first fix removes, widened by TOLERANCE points or the factor RATIO, whichever is
+wider (profiles of the same script vary run to run; on a machine busy with other test suites the
+no_prefetch case's share went from 19-25 % to 37 %), written as gains. It catches an estimate
+gone wrong by more than that, not a small drift; verdicts and first causes are compared exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+FILE = Path(__file__).with_name("corpus_expectations.yaml")
+TOLERANCE = 10.0  # points of step time removed by the first fix ...
+RATIO = 1.6  # ... or this factor on it, whichever is wider: a share of step time swings that much under load
+NONE = None  # a "first" of None: no recommendation at all
+MIN_GAIN = 1.05  # diagnose leaves out fixes estimated below this
+HOWS = {"numpy_function_map": ("stock", "bare")}  # cases also captured without step markers
+
+
+def keys(cases) -> list[str]:
+    """'case' for the step-marker capture, 'case/stock' and 'case/bare' for the others."""
+    out = list(cases)
+    for case, hows in HOWS.items():
+        out += [f"{case}/{how}" for how in hows]
+    return out
+
+
+def split(key: str) -> tuple[str, str]:
+    case, _, how = key.partition("/")
+    return case, how or "markers"
+
+
+def load(path: Path = FILE) -> dict:
+    return yaml.safe_load(path.read_text())["cases"]
+
+
+def _first(item: dict) -> tuple[str | None, float | None]:
+    recs = item["recommendations"]
+    return (recs[0]["cause"], recs[0]["estimated_gain"]) if recs else (NONE, None)
+
+
+def mismatches(expected: dict, item: dict) -> list[str]:
+    """What differs between one case's record and one diagnosis of it (empty: it agrees)."""
+    found = []
+    if item["verdict"] not in expected["verdicts"]:
+        found.append(f"verdict {item['verdict']!r}, recorded {expected['verdicts']}")
+    if any(note.startswith("Unseen producers") for note in item.get("notes", ())):
+        return found  # TensorFlow 2.17 lost part of the trace: the diagnosis says so; ranks are not comparable
+    cause, gain = _first(item)
+    allowed = expected["first"] if isinstance(expected["first"], list) else [expected["first"]]
+    if cause not in allowed:
+        found.append(f"first cause {cause!r}, recorded {allowed}")
+    elif cause == expected["gain_of"] and gain is not None:
+        low, high = expected["gain"]
+        if not low <= gain <= high:
+            found.append(f"estimated gain of {cause} {gain:.2f}x, recorded band {low:.2f}-{high:.2f}x")
+    return found
+
+
+def _gain(score: float) -> float:
+    return 1 / (1 - min(max(score, 0.0), 95.0) / 100)
+
+
+def summarize(observations: list[tuple[str, str | None, float | None]], planted: str | None) -> dict:
+    """One case's record from its diagnoses: (verdict, first cause, its gain) per profile."""
+    verdicts = sorted({v for v, _, _ in observations})
+    firsts = [c for _, c, _ in observations]
+    main = planted if planted is not None and planted in firsts else max(set(firsts), key=firsts.count)
+    gains = [g for _, c, g in observations if c == main and g is not None]
+    scores = [100 * (1 - 1 / g) for g in gains]
+    removes = any(s > 0 for s in scores)  # a cause that changes what is learned removes no step time: gain 1.0
+    low = round(_gain(min(min(scores) - TOLERANCE, min(scores) / RATIO)), 2) if removes else 1.0
+    high = round(_gain(max(max(scores) + TOLERANCE, max(scores) * RATIO)), 2) if removes else 1.0
+    if not planted and main is not NONE and low < MIN_GAIN:
+        firsts.append(NONE)  # a fix this close to the 5 % cut-off may be left out, and nothing else found
+    seen = sorted(set(firsts), key=lambda c: (c != main, str(c)))
+    counts = {str(c): n for c in seen if (n := [f for _, f, _ in observations].count(c))}
+    record = {
+        "verdicts": verdicts,
+        "first": main if planted else (seen if len(seen) > 1 else main),
+        "gain_of": main,
+        "gain": [low, high],
+        "observed": {
+            "profiles": len(observations),
+            "first": counts,
+            "gain": [min(gains), max(gains)] if gains else None,
+        },
+    }
+    return record
+
+
+def _profile_rounds(root: Path, rounds: int) -> None:
+    from tests import user_pipelines
+
+    files = user_pipelines.make_files(root / "files")
+    for number in range(1, rounds + 1):
+        for key in keys(user_pipelines.ALL):
+            case, how = split(key)
+            logdir = root / f"round_{number}" / key.replace("/", "__")
+            if not logdir.exists():
+                user_pipelines.profile(case, files, logdir, how=how)
+                print(f"profiled {key} (round {number})", file=sys.stderr, flush=True)
+
+
+def record(root: Path, rounds: int, out: Path) -> dict:
+    from tests.test_diagnose_corpus import PLANTED
+    from tests.user_pipelines import ALL
+    from train.diagnose.report import diagnose
+
+    _profile_rounds(root, rounds)
+    seen = defaultdict(list)
+    for logdir in sorted(root.glob("round_*/*")):
+        key = logdir.name.replace("__", "/")
+        if split(key)[0] not in ALL:
+            continue
+        (item,) = diagnose(logdir)["runs"].values()
+        seen[key].append((item["verdict"], *_first(item)))
+    cases = {key: summarize(obs, PLANTED.get(split(key)[0])) for key, obs in sorted(seen.items())}
+    header = (
+        "# What diagnose concludes about each corpus case (tests/corpus_expectations.py says how it was\n"
+        "# recorded and how it is compared). Written by `python -m tests.corpus_expectations`.\n"
+    )
+    out.write_text(
+        header
+        + yaml.safe_dump(
+            {"tolerance_points": TOLERANCE, "tolerance_ratio": RATIO, "cases": cases},
+            sort_keys=False,
+            default_flow_style=None,
+            width=120,
+        )
+    )
+    return cases
+
+
+def fixes(root: Path) -> dict:
+    """Per case with a fixed pipeline: the first fix's estimated gain and the gain per example measured by
+    profiling the fixed pipeline, each as (median, [per round]) over the rounds under ROOT."""
+    from statistics import median
+
+    from tests.user_pipelines import FIXED
+    from train.diagnose.report import diagnose
+
+    def per_example(item: dict) -> float:
+        wait = item["profile"]["input_pipeline"]
+        return wait["step_ms"] / wait["batch_size"]
+
+    found = {}
+    for case in sorted(FIXED):
+        estimated, measured = [], []
+        for round_dir in sorted(root.glob("round_*")):
+            before, after = round_dir / case, round_dir / f"{case}_fixed"
+            if before.is_dir() and after.is_dir():
+                (b,) = diagnose(before)["runs"].values()
+                (a,) = diagnose(after)["runs"].values()
+                estimated.append(b["recommendations"][0]["estimated_gain"])
+                measured.append(round(per_example(b) / per_example(a), 2))
+        if estimated:
+            found[case] = {"estimated": (median(estimated), estimated), "measured": (median(measured), measured)}
+    return found
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path, help="a folder for the profiles (kept, reused by later calls)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=FILE)
+    parser.add_argument("--fixes", action="store_true", help="print estimated and measured gains of the first fixes")
+    args = parser.parse_args()
+    if args.fixes:
+        for case, figures in fixes(args.root).items():
+            print(f"{case:28s} estimated {figures['estimated']}  measured {figures['measured']}")
+        sys.exit(0)
+    for key, case in record(args.root, args.rounds, args.out).items():
+        print(f"{key:40s} {case['verdicts']} {case['first']} {case['gain']} observed {case['observed']}")

@@ -1,0 +1,35 @@
+"""The recommendations for one profile: input-pipeline and step causes, ranked together."""
+
+from __future__ import annotations
+
+from train.diagnose.device import DeviceView, view
+from train.diagnose.input_causes import input_causes
+from train.diagnose.recommendation import Causes, Recommendation, rank
+from train.diagnose.step_causes import device_causes, per_step_overhead
+from train.diagnose.structural import structural_fixes
+from train.diagnose.verdict import INPUT_BOUND
+
+
+def recommendations(
+    profile: dict, config: dict | None = None, device: DeviceView | None = None
+) -> list[Recommendation]:
+    """The causes this profile shows, ranked: what changes what is learned first, then most step time removed;
+    then, when the run is input-bound, the structural fixes its pipeline tree shows that none of those makes.
+
+    `config` is the run's config.yaml where there is one (it tells the precision the run trained in);
+    `device` what the run and the profile say about the device (train/diagnose/device.py).
+    """
+    device = device or view(profile)
+    if profile["input_bound_percent"] is None or not profile["step_time_ms"]:
+        return []
+    wait = profile.get("input_pipeline") or {}
+    pipeline = Causes(wait.get("step_ms") or 0.0)  # figures of the host trace's steps
+    input_causes(wait, device.cpu_only, pipeline)
+    if wait.get("measured"):
+        per_step_overhead(wait, pipeline)
+    step = Causes(profile["step_time_ms"])  # figures of xprof's step breakdown
+    device_causes(profile, config or {}, device.busy_percent, step)
+    ranked = rank(pipeline.found + step.found)
+    if profile["input_bound_percent"] >= INPUT_BOUND:
+        ranked += structural_fixes(wait, device.cpu_only, ranked)
+    return ranked

@@ -1,0 +1,83 @@
+"""What a recommendation is, how its gain is estimated, and the one builder every cause uses.
+
+A recommendation names one cause a profile shows, in the input pipeline (input_causes.py) or in
+the step itself (step_causes.py), with this profile's figures, the step time its fix would remove
+and the estimated gain: step time / (step time - time removed), per example. A cause that changes
+what the model learns removes no time and ranks first; the others rank by the time they remove,
+and one estimated to gain less than MIN_GAIN is left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+MIN_GAIN = 1.05  # leave out fixes that would gain less than this (a share of step time, not a duration)
+MOST_REMOVED = 0.95  # never promise more than 20x from one fix
+SPEED, CORRECTNESS = "speed", "correctness"
+
+
+def gain(step_ms: float, removed_ms: float) -> float:
+    """The estimated speed-up per example of a fix that removes `removed_ms` of a `step_ms` step."""
+    removed = min(max(removed_ms, 0.0), MOST_REMOVED * step_ms)
+    return round(step_ms / (step_ms - removed), 2) if step_ms > 0 else 1.0
+
+
+def ms(value: float) -> str:
+    return f"{value:.1f} ms" if value >= 0.95 else f"{value:.2f} ms"
+
+
+def pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "n/a"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    cause: str  # a stable name: "python-in-map", "no-prefetch", ...
+    title: str
+    kind: str  # SPEED, or CORRECTNESS: it changes what is learned
+    score: float  # percent of step time the fix removes
+    removes_ms: float
+    estimated_gain: float
+    evidence: str  # this profile's figures
+    fix: str  # plain tf.data / Keras first, then this template's knob
+    caveat: str | None = None  # what the estimate assumes, what the trace cannot tell
+    stage: str | None = None  # the tf.data stage it names ("Iterator::Root::MapAndBatch"), None for step causes
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Recommendation:
+        return cls(**{f.name: values.get(f.name) for f in dataclasses.fields(cls)})
+
+
+class Causes:
+    """The recommendations found in one profile, each scored against its step time as it is added."""
+
+    def __init__(self, step_ms: float):
+        self.step_ms = step_ms
+        self.found: list[Recommendation] = []
+
+    def add(self, cause, title, removes_ms, evidence, fix, caveat=None, kind=SPEED, stage=None) -> None:
+        step = self.step_ms
+        self.found.append(
+            Recommendation(
+                cause=cause,
+                title=title,
+                kind=kind,
+                score=round(100 * removes_ms / step, 1) if step else 0.0,
+                removes_ms=round(removes_ms, 3),
+                estimated_gain=gain(step, removes_ms),
+                evidence=evidence,
+                fix=fix,
+                caveat=caveat,
+                stage=stage,
+            )
+        )
+
+
+def rank(found: list[Recommendation]) -> list[Recommendation]:
+    """What changes what is learned first, then the most step time removed; fixes below MIN_GAIN left out."""
+    kept = [r for r in found if r.kind == CORRECTNESS or r.estimated_gain >= MIN_GAIN]
+    return sorted(kept, key=lambda r: (r.kind != CORRECTNESS, -r.removes_ms))

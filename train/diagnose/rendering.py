@@ -1,0 +1,120 @@
+"""The text `diagnose` prints: one summary line per run, then each run's figures, tree and recommendations."""
+
+from __future__ import annotations
+
+from train.diagnose.recommendation import CORRECTNESS, Recommendation
+from train.diagnose.report import HOW_TO_CAPTURE
+
+
+def _summary(run: str, item: dict) -> str:
+    if item["verdict"] == "unreadable":
+        return f"{run}: UNREADABLE profile (see below)"
+    profile = item["profile"]
+    if profile["input_bound_percent"] is None:
+        return f"{run}: verdict unknown ({item['unmeasured'] or 'no input share'})"
+    how = "inferred steps" if item["steps_inferred"] else "step markers"
+    first = Recommendation.from_dict(item["recommendations"][0]) if item["recommendations"] else None
+    fix = f"; first: {first.cause} ({first.estimated_gain:.2f}x)" if first else "; nothing to fix"
+    share = profile["input_bound_percent"]
+    step = (profile["input_pipeline"] or {}).get("step_ms") or profile["step_time_ms"]
+    return f"{run}: {item['verdict'].upper()}, {share:.1f}% of a {step:.1f} ms step waits for input ({how}){fix}"
+
+
+def _tree(wait: dict) -> list[str]:
+    lines = []
+    for s in wait.get("stages", []):
+        depth = s["path"].count("::") - 1
+        notes = []
+        if s["injected"]:
+            notes.append("injected by tf.data")
+        for key in ("parallelism", "batch_size", "buffer_limit", "buffer_size"):
+            if key in s["params"]:
+                notes.append(f"{key} {s['params'][key]}")
+        if s["functions"]:
+            notes.append(
+                f"fn {s['functions']['work_ms']:.1f} ms/step, {s['functions']['concurrency'] or 0:.1f} at a time"
+            )
+        if s["blocking_ms"] + s["fill_ms"] >= 0.01 * wait["step_ms"]:
+            notes.append(f"holds the step {s['blocking_ms'] + s['fill_ms']:.1f} ms/step")
+        lines.append("    " + "  " * max(depth, 0) + s["kind"] + (f"  [{'; '.join(notes)}]" if notes else ""))
+    return lines
+
+
+def _figures(profile: dict, device: dict) -> list[str]:
+    busy = device["busy_percent"]
+    if busy is not None:
+        busy_text = f"{busy:.1f}%"
+    else:
+        busy_text = "n/a (CPU-only profile)" if device["cpu_only"] else "not measured (see the note below)"
+    return [
+        f"  step {profile['step_time_ms']:.1f} ms = input {profile['input_ms']:.1f} + host compute "
+        f"{profile['host_compute_ms']:.1f} + device compute {profile['device_compute_ms']:.1f} + launch "
+        f"{profile['kernel_launch_ms']:.1f} + other {profile['other_ms']:.1f} ms",
+        f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time; device busy: {busy_text}",
+    ]
+
+
+def _pipeline(wait: dict) -> list[str]:
+    if not wait.get("measured"):
+        return []
+    batch, prefetch = wait.get("batch_size"), wait["prefetch"]
+    if prefetch:
+        kinds = ", ".join("injected by tf.data" if p["injected"] else "yours" for p in prefetch)
+        prefetch_text = f"yes ({kinds})"
+    else:
+        prefetch_text = "none"
+    return [
+        f"  batch: {batch if batch else 'unknown'}; prefetch: {prefetch_text}; tf.data cores: "
+        f"{wait.get('cpu_budget') or 'unknown'}; the tf.data pipeline as it ran:",
+        *_tree(wait),
+    ]
+
+
+def _recommendations(recommendations: list[Recommendation]) -> list[str]:
+    lines = []
+    for rank, rec in enumerate(recommendations, start=1):
+        gain = "" if rec.kind == CORRECTNESS else f", estimated gain {rec.estimated_gain:.2f}x"
+        lines.append(f"  {rank}. {rec.title} [{rec.cause}{gain}]")
+        lines.append(f"     evidence: {rec.evidence}.")
+        lines.append(f"     fix: {rec.fix}")
+        if rec.caveat:
+            lines.append(f"     note: {rec.caveat}")
+    if not recommendations:
+        lines.append("  nothing to fix: no known cause would gain 5% or more in this profile.")
+    return lines
+
+
+def _run(item: dict) -> list[str]:
+    if item["verdict"] == "unreadable":
+        return [f"  {item['error']}"]
+    profile = item["profile"]
+    wait = profile["input_pipeline"]
+    lines = [f"  profile: {profile['session']} ({profile['hardware_type']}, {profile['steps']} steps)"]
+    source = profile["step_source"] or "none found"
+    per_window = (wait.get("steps_per_window") or 1) if wait.get("measured") else 1
+    if per_window > 1:
+        source += f", each {per_window} training steps (steps_per_execution): figures are per execution"
+    lines.append(f"  steps: {source}" + (" (INFERRED: no step markers)" if item["steps_inferred"] else ""))
+    if profile["input_bound_percent"] is None:
+        lines.append(f"  verdict: unknown - {item['unmeasured'] or 'the input share could not be measured'}.")
+        lines += [f"  {note}" for note in item["notes"]]
+        lines.append(f"  {HOW_TO_CAPTURE}")
+        return lines
+    label = " (inferred steps)" if item["steps_inferred"] else ""
+    lines.append(f"  verdict: {item['verdict'].upper()}{label}")
+    lines += _figures(profile, item["device"]) + _pipeline(wait)
+    if profile["has_step_markers"] and profile["conclusion"]:
+        lines.append(f"  xprof: {profile['conclusion']}")
+    lines += _recommendations([Recommendation.from_dict(r) for r in item["recommendations"]])
+    lines += [f"  {note}" for note in item["notes"]]
+    if item["how_to_capture"]:
+        lines.append(f"  {item['how_to_capture']}")
+    return lines
+
+
+def render(result: dict) -> str:
+    """The text of a `diagnose` document (train/diagnose/report.py), as `python -m train diagnose` prints it."""
+    lines = [_summary(run, item) for run, item in result["runs"].items()]
+    for run, item in result["runs"].items():
+        lines += ["", f"== {run} =="] + _run(item)
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""Structural fixes the pipeline tree shows, listed when a run is input-bound even where another cause ranks first.
+
+The ranked causes follow the wait: the stage the step waited on most names the cause, and a fix
+estimated below 5 % is left out. A user reading the tree still sees every defect in it, so when
+the run is input-bound each of these is listed too, with its estimated gain, unless a
+recommendation already makes that fix for that stage:
+
+- nothing running ahead of the model at its root (no prefetch);
+- a map written without num_parallel_calls;
+- decoding repeated every epoch, with nothing cached after it;
+- files read one after another.
+
+Each is estimated by the function of the cause it stands for (train/diagnose/input_causes.py),
+from the wait charged to the stage it names.
+"""
+
+from __future__ import annotations
+
+from train.diagnose import input_wait as iw
+from train.diagnose import stages as st
+from train.diagnose.input_causes import (
+    Blame,
+    Pipeline,
+    decode_every_epoch,
+    no_prefetch,
+    prefetched,
+    root_stage,
+    sequential_file_reads,
+    sequential_map,
+)
+from train.diagnose.recommendation import Causes, Recommendation
+
+COVERS = {  # a structural fix -> the recommendations that already make it for the same stage
+    "no-prefetch": {"no-prefetch"},
+    "sequential-map": {"sequential-map", "python-in-map"},
+    "decode-every-epoch": {"decode-every-epoch", "sequential-map", "heavy-map"},
+    "sequential-file-reads": {"sequential-file-reads"},
+}
+
+
+def structural_fixes(wait: dict, cpu_only: bool, listed: list[Recommendation]) -> list[Recommendation]:
+    """The structural fixes of an input-bound run's pipeline that `listed` does not make, most time removed first."""
+    if not wait.get("measured"):
+        return []
+    p = Pipeline(wait, cpu_only, Causes(wait["step_ms"]))
+    no_prefetch(p)
+    running_ahead_at_root(p)
+    for s in p.stages:
+        fn = s["functions"]
+        if fn and st.written_sequential_map(s):
+            sequential_map(_alone(s, p))
+        if fn and _decodes_every_epoch(s, p):
+            decode_every_epoch(_alone(s, p))
+    for opener, readers in _sequential_readers(p):
+        reader = max(readers, key=lambda o: o["busy_ms"])
+        blocking = sum(s["blocking_ms"] for s in (opener, *readers))
+        sequential_file_reads(Blame(st.Unit(opener, [opener, *readers], blocking), p), reader)
+    made = {(r.cause, r.stage) for r in listed}
+    shuffled = [r.stage for r in listed if r.cause == "shuffle-buffer-refill" and r.stage]
+    new = []
+    for rec in p.causes.found:
+        if any((cause, rec.stage) in made for cause in COVERS[rec.cause]):
+            continue
+        if rec.cause == "decode-every-epoch" and any(st.under(rec.stage, path) for path in shuffled):
+            continue  # the shuffle's fix already says to cache after decoding
+        new.append(rec)
+    return sorted(new, key=lambda r: -r.removes_ms)
+
+
+def _alone(stage: dict, p: Pipeline) -> Blame:
+    return Blame(st.Unit(stage, [stage], stage["blocking_ms"]), p)
+
+
+def _decodes_every_epoch(stage: dict, p: Pipeline) -> bool:
+    """Its function mostly decodes, deterministically, and no cache keeps its output for later epochs."""
+    b = _alone(stage, p)
+    cached = any(
+        ("Cache" in o["kind"] or o["kind"].startswith("Snapshot")) and st.under(stage["path"], o["path"])
+        for o in p.stages
+    )
+    return b.shares.get("decode", 0.0) >= 0.4 and b.deterministic and not cached
+
+
+def _sequential_readers(p: Pipeline) -> list[tuple[dict, list[dict]]]:
+    """(opener stage, its readers) where several files were read one after another on one thread."""
+    found: dict[str, tuple[dict, list[dict]]] = {}
+    for reader in p.stages:
+        if reader["kind"] not in iw.READERS or reader["threads"] > 1 or reader["instances"] < 2:
+            continue
+        opener = st.head(reader, p.stages)
+        if opener["kind"] in iw.ASYNC:
+            continue
+        found.setdefault(opener["path"], (opener, []))[1].append(reader)
+    return list(found.values())
+
+
+def running_ahead_at_root(p: Pipeline) -> None:
+    """The root's stage runs ahead by itself (a parallel map, a map-and-batch) but no Prefetch buffers it."""
+    top = root_stage(p.stages)
+    if top is None or not top["async"] or prefetched(top, p.stages) or top["kind"] == "Prefetch":
+        return
+    p.causes.add(
+        "no-prefetch",
+        "Nothing buffers batches ahead of the model (no prefetch)",
+        0.0,
+        f"no Prefetch at the root of the pipeline: the stage the model reads from, {st.name(top)}, runs ahead of "
+        "it by itself, but only as far as its own parallel calls reach (one batch for a map-and-batch of one call "
+        "at a time), and it stops when that batch is ready",
+        "End the pipeline with `.prefetch(tf.data.AUTOTUNE)`: it keeps producing while batches wait in its buffer. "
+        "In this template: pipeline.prefetch: auto.",
+        "Estimate: none from this profile. Where production is slower than the step on average, as here, a deeper "
+        "buffer does not make it faster; it absorbs uneven production (shuffle refills, file opens, pauses), which "
+        "averages over steps cannot show.",
+        stage=top["path"],
+    )
