@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tests.conftest import run_cli
 from train.benchmarks import bench_diagnose, diagnose_scale, xspace_writer
-from train.diagnose import activity, analysis, hosttrace, input_wait, step_windows, xspace
+from train.diagnose import activity, analysis, command, hosttrace, input_wait, step_windows, xspace
 from train.diagnose import report as diagnose
 from train.measure.profiling import StepTraceProfiler
 
@@ -339,7 +339,7 @@ def test_a_truncated_large_profile_is_named_without_reading_it(profiles, tmp_pat
     assert item["verdict"] == "unreadable" and str(big) in item["error"] and "\n" not in item["error"]
     assert "truncated" in item["error"] and sum(read) < 0.05 * data_size, (sum(read), data_size)
     cli = run_cli("diagnose", str(big.parents[3]), timeout=120)
-    assert cli.returncode == diagnose.UNMEASURED and str(big) in cli.stdout and "Traceback" not in cli.stderr
+    assert cli.returncode == command.UNMEASURED and str(big) in cli.stdout and "Traceback" not in cli.stderr
 
 
 def test_bytes_damaged_anywhere_give_a_diagnosis_or_one_paragraph(profiles, tmp_path):

@@ -89,7 +89,9 @@ def _run(item: dict) -> list[str]:
         return [f"  {item['error']}"]
     profile = item["profile"]
     wait = profile["input_pipeline"]
-    lines = [f"  profile: {profile['session']} ({profile['hardware_type']}, {profile['steps']} steps)"]
+    size = f", {profile['profile_mb']:,.1f} MB" if profile.get("profile_mb") is not None else ""
+    lines = [f"  profile: {profile['session']} ({profile['hardware_type']}, {profile['steps']} steps{size})"]
+    lines += [f"  {note}" for note in [profile.get("large_profile"), *profile.get("skipped", [])] if note]
     source = profile["step_source"] or "none found"
     per_window = (wait.get("steps_per_window") or 1) if wait.get("measured") else 1
     if per_window > 1:
