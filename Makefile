@@ -9,7 +9,8 @@ ARGS ?=
 # auto: the CPU scenario where no GPU is found; or a name in configs/scenarios/ (larger_than_memory), none
 SCENARIO ?= auto
 PORT ?= 6006
-LOGDIR ?= runs/compare
+# diagnose reads runs/compare and tensorboard serves runs/ unless LOGDIR names another log folder
+LOGDIR ?=
 WORKERS ?= 2
 DISPATCHER_PORT ?= 5050
 WORKER_PORT ?= 5051
@@ -82,13 +83,13 @@ tune: data ## Search the speed knobs for your data and machine (ARGS="--minutes 
 	$(PY) -m train tune --scenario $(SCENARIO) $(ARGS)
 
 diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (LOGDIR=runs/compare)
-	$(PY) -m train diagnose $(LOGDIR) $(ARGS)
+	$(PY) -m train diagnose $(or $(LOGDIR),runs/compare) $(ARGS)
 
 bench-diagnose: setup ## Wall time and peak RSS of diagnose against profile size, 1 MB to 1 GB -> runs/bench-diagnose/bench.{json,png}
 	$(PY) -m train bench-diagnose $(ARGS)
 
-tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (PORT=)
-	$(PY) -m train tensorboard --logdir runs --port $(PORT) $(ARGS)
+tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (LOGDIR=, PORT=)
+	$(PY) -m train tensorboard --logdir $(or $(LOGDIR),runs) --port $(PORT) $(ARGS)
 
 test: setup ## Run the whole test suite (CPU tests on tiny generated data, about 10 minutes on 2 cores)
 	$(PY) -m pytest $(ARGS)
