@@ -13,7 +13,7 @@ import gc
 from pathlib import Path
 
 from train import scenario as scenario_lib
-from train.benchmarks import trials
+from train.benchmarks import charts, trials
 from train.core import files
 from train.measure.monitor import Sampler
 from train.training import setup
@@ -110,11 +110,7 @@ def main(args) -> int:
 
 
 def chart(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = charts.pyplot()
     ok = [p for p in result["points"] if p["status"] == "ok"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
     xs = [p["batch_size"] for p in ok]
@@ -142,8 +138,7 @@ def chart(result: dict, path: Path) -> None:
     right.legend(fontsize=8)
     fig.suptitle(f"{result['device']} - model {result['model']}", fontsize=9)
     fig.tight_layout()
-    files.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
-    plt.close(fig)
+    charts.save(fig, path)
 
 
 def write_tensorboard(out: Path, points: list[dict]) -> None:

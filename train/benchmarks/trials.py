@@ -40,6 +40,7 @@ class Variant:
     batch_size: int  # the global batch: examples per step over every replica
     description: str
     samples: list[float] = dataclasses.field(default_factory=list)
+    warmup_seconds: float = 0.0
 
     @property
     def replicas(self) -> int:
@@ -172,6 +173,7 @@ def prepare(
     variant.run(epoch_calls + 1 if caches else 3)
     while time.perf_counter() - started < warmup_seconds:
         variant.run(1)
+    variant.warmup_seconds = time.perf_counter() - started
     log(
         f"  ready: {name} ({description}; precision {choices.precision}, XLA {choices.jit_compile}, "
         f"{choices.steps_per_execution} steps/execution) after {time.perf_counter() - started:.1f} s of warm-up"
