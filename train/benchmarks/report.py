@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.benchmarks import charts
+from train.benchmarks import charts, stats
 from train.core import files
 
 FIELDS = (
@@ -73,7 +73,7 @@ def build(runs: dict[str, dict], scenario: str | None, baseline: str = "naive", 
         "scenario": scenario,
         "dataset": first.get("dataset"),
         "model": first.get("model"),
-        "speedup": best / base if base and best else None,
+        "speedup": stats.ratio(best, base),  # one run each, not paired rounds: make bench pairs them
         "runs": rows,
     }
 

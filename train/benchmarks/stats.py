@@ -5,8 +5,8 @@
   both. The gain is the **median of the per-round ratios**, reported with its quartiles and range;
   never a ratio of two medians taken from different rounds.
 - The **noise** is measured, not assumed: the reference measured twice in the same rounds (A/A)
-  gives per-round ratios that should all be 1; their interquartile range is the noise of that
-  machine at that time.
+  gives per-round ratios that should all be 1; their interquartile range (or their median's
+  distance from 1, where larger) is the noise of that machine at that time.
 - A change is **faster** when its median ratio is above 1 + margin and its lower quartile above
   1, **slower** when its median is below 1 / (1 + margin) and its upper quartile below 1, and
   **within noise** otherwise, where margin = max(MIN_GAIN, noise): a 2 % gain on a machine whose
@@ -88,11 +88,13 @@ def gain(numerator: list[float], denominator: list[float]) -> Gain:
 
 
 def noise(aa_ratios: list[float]) -> float:
-    """The spread of A/A ratios (a variant against itself, same rounds): their interquartile range."""
-    if len(aa_ratios) < 2:
+    """How far A/A ratios (a variant against itself, same rounds) stray from 1: their interquartile
+    range, or the distance of their median from 1 where that is larger (a pair whose ratios agree
+    with each other but not with 1 is not a quiet machine)."""
+    if not aa_ratios:
         return 0.0
-    q1, _, q3 = quartiles(list(aa_ratios))
-    return q3 - q1
+    q1, median, q3 = quartiles(list(aa_ratios))
+    return max(q3 - q1, abs(median - 1.0))
 
 
 def margin(aa_ratios: list[float], min_gain: float = MIN_GAIN) -> float:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from train import scenario as scenario_lib
 from train.benchmarks import charts, trials
+from train.benchmarks.options import SweepOptions
 from train.core import files
 from train.measure.monitor import Sampler
 from train.training import setup
@@ -25,22 +26,22 @@ def _is_oom(error: Exception) -> bool:
     return isinstance(error, tf.errors.ResourceExhaustedError) or "out of memory" in str(error).lower()
 
 
-def main(args) -> int:
-    scenario = scenario_lib.resolve(args.scenario)
-    base = scenario.load(args.optimized, args.overrides, name="sweep")
-    out = Path(args.out)
+def main(opts: SweepOptions) -> int:
+    scenario = scenario_lib.resolve(opts.variants.scenario)
+    base = scenario.load(opts.variants.optimized, list(opts.variants.overrides), name="sweep")
+    out = Path(opts.out)
     spec, found = trials.begin(scenario, [base], out, clean=True)
-    sizes, size = [], args.min
-    while size <= args.max:
+    sizes, size = [], opts.min_batch
+    while size <= opts.max_batch:
         sizes.append(size)
         size *= 2
     print(
-        f"Device: {found.describe()}. Batch sizes {sizes[0]}..{sizes[-1]}, {args.trials} trials of "
-        f">= {args.seconds:g} s each after warm-up.",
+        f"Device: {found.describe()}. Batch sizes {sizes[0]}..{sizes[-1]}, {opts.trials.rounds} trials of "
+        f">= {opts.trials.seconds:g} s each after warm-up.",
         flush=True,
     )
 
-    points, largest, stop_reason = [], None, f"reached --max {args.max}"
+    points, largest, stop_reason = [], None, f"reached --max {opts.max_batch}"
     replicas = setup.make_strategy(setup.resolve(base, found, spec)[0]).num_replicas_in_sync
     for batch in sizes:
         if batch * replicas > spec.num_train:
@@ -49,14 +50,16 @@ def main(args) -> int:
             )
             break
         cfg = scenario.load(
-            args.optimized, list(args.overrides) + [f"pipeline.batch_size={batch}"], name=f"batch_{batch}"
+            opts.variants.optimized,
+            list(opts.variants.overrides) + [f"pipeline.batch_size={batch}"],
+            name=f"batch_{batch}",
         )
         sampler = Sampler(interval_s=0.2)
         try:
             variant = trials.prepare(f"batch {batch}", cfg, spec, found)
             sampler.start()
-            for _ in range(args.trials):
-                variant.trial(args.seconds)
+            for _ in range(opts.trials.rounds):
+                variant.trial(opts.trials.seconds)
             sampler.stop()
             profile = variant.profile(out / "profiles" / f"batch_{batch}", num_steps=6)
         except Exception as error:  # only an out-of-memory error ends the sweep quietly
