@@ -71,7 +71,8 @@ def _variants(args):
 def _trials(args):
     from train.benchmarks import options
 
-    return options.Trials(args.trials, args.seconds)
+    defaults = options.LadderOptions.TRIALS  # bench-check given only one of the two
+    return options.Trials(args.trials or defaults.rounds, args.seconds or defaults.seconds)
 
 
 def benchmark_options(args):
@@ -91,7 +92,8 @@ def benchmark_options(args):
         return options.SweepOptions(_variants(args), _trials(args), args.min, args.max, out)
     if args.command == "bench-check":
         scenarios = tuple(args.scenario or options.CheckOptions.scenarios)
-        return options.CheckOptions(scenarios, tuple(args.overrides), _trials(args), out)
+        given = None if args.trials is None and args.seconds is None else _trials(args)
+        return options.CheckOptions(scenarios, tuple(args.overrides), given, out)
     return options.TuneOptions(
         config=args.config,
         overlays=tuple(args.overlay),
@@ -291,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant"
     )
-    _trial_args(check, options.CheckOptions.TRIALS)
+    check.add_argument("--trials", type=int, help="rounds of every check (default: each command's own)")
+    check.add_argument("--seconds", type=float, help="minimum seconds per trial (default: each command's own)")
     check.add_argument("--out", default=str(options.CheckOptions.out), help="output folder (default: %(default)s)")
     check.set_defaults(func=cmd_bench_check)
 

@@ -231,7 +231,18 @@ def interleaved(
     variants: list, trials: int, seconds: float, log: Callable[[str], None] = print, min_calls: int = 3
 ) -> None:
     """Measure every variant `trials` times, rotating the order each round (A B C, B C A, ...), so a
-    slow drift of a shared machine hits them all; each round's ratios are paired (stats.paired)."""
+    slow drift of a shared machine hits them all; each round's ratios are paired (stats.paired).
+
+    First one unrecorded trial of each process: a variant that stayed stopped while another was
+    prepared (10-30 s) resumes with autotuning statistics that count that pause (tf.data times its
+    stages by the wall clock); one trial lets them settle before anything is recorded.
+    """
+    settled = set()
+    for variant in variants:
+        worker = variant.variant.worker if isinstance(variant, View) else variant.worker
+        if id(worker) not in settled:
+            settled.add(id(worker))
+            worker.call("trial", seconds=seconds, min_calls=min_calls)
     for round_index in range(trials):
         shift = round_index % len(variants)
         order = variants[shift:] + variants[:shift]

@@ -81,8 +81,7 @@ class TuneOptions:
 
 @dataclasses.dataclass(frozen=True)
 class CheckOptions:
-    TRIALS = Trials(rounds=7, seconds=2.0)
     scenarios: tuple[str, ...] = ("auto", "larger_than_memory")
     overrides: tuple[str, ...] = ()
-    trials: Trials = TRIALS
+    trials: Trials | None = None  # None: each pairing with its own command's rounds and trial length
     out: Path = Path("runs/bench-check")

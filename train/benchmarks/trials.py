@@ -1,17 +1,17 @@
-"""Benchmark trials: warm-up excluded, repeated, interleaved, medians and spreads.
+"""Benchmark trials: one variant made ready to run, warm-up excluded, measured trial by trial.
 
 A `Variant` is one config made ready to run: its pipeline, its compiled model and one
 iterator that lives across trials (so caches stay filled and no trial pays for starting
 or tearing down a pipeline). A trial calls the model's compiled train function, the same
-one `model.fit` calls each step, for at least `seconds` and returns examples/s. Variants
-are measured in turns (A B C, B C A, ...) so slow drifts of a shared machine hit them all.
+one `model.fit` calls each step, for at least `seconds` and returns examples/s. The
+benchmarks run each Variant in a process of its own (worker.py, isolated.py), so that
+variants measured in turns cannot disturb each other; `begin` sets a benchmark up.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from train import scenario as scenario_lib
 from train import sources
+from train.benchmarks import stats
 from train.config import Config
 from train.diagnose import analysis
 from train.input import pipeline
@@ -61,10 +62,9 @@ class Variant:
 
     def trial(self, seconds: float, min_calls: int = 3) -> float:
         """examples/s over at least `seconds` (and `min_calls` executions), after a short untimed
-        pre-roll: while the other variants ran, this pipeline filled its prefetch buffers for free,
-        and a long-running one (whose autotuned buffers have grown) would otherwise start each
-        trial with a head start. Measured on the ladder: each new rung read 30-50 % slower as the
-        candidate than in the next rung, where it was the long-running base."""
+        pre-roll. In a worker that was stopped while other variants ran (isolated.py), the pre-roll
+        lets its threads resume; where a variant shares a process with others, it drains what its
+        pipeline prepared while they ran (a head start, not the steady state)."""
         started, drained = time.perf_counter(), 0
         while time.perf_counter() - started < PREROLL_S or drained < PREROLL_CALLS:
             self.run(1)
@@ -95,17 +95,7 @@ class Variant:
             return None
 
     def stats(self) -> dict:
-        return summarize(self.samples)
-
-
-def summarize(samples: list[float]) -> dict:
-    return {
-        "median": statistics.median(samples) if samples else None,
-        "min": min(samples) if samples else None,
-        "max": max(samples) if samples else None,
-        "trials": len(samples),
-        "samples": samples,
-    }
+        return stats.summarize(self.samples)
 
 
 def training_pipeline(made: setup.Plan, spec: DatasetSpec):
@@ -214,32 +204,6 @@ def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, second
     }
     del iterator
     return result
-
-
-def interleaved(
-    variants: list[Variant], trials: int, seconds: float, log: Callable[[str], None] = print, settle_rounds: int = 1
-) -> None:
-    """Measure every variant `trials` times, rotating the order each round.
-
-    First `settle_rounds` unrecorded rounds: a variant prepared a moment ago still ramps up
-    (tf.data's autotuning, its shuffle buffer, its first epoch boundary) while the others have
-    run for minutes; measured on the ladder, that made each new rung read 20-50 % slower in its
-    first trials than later.
-    """
-    for _ in range(settle_rounds):
-        for variant in variants:
-            variant.trial(seconds)
-            variant.samples.pop()
-    for round_index in range(trials):
-        shift = round_index % len(variants)
-        order = variants[shift:] + variants[:shift]
-        rates = {v.name: v.trial(seconds) for v in order}
-        log(f"  trial {round_index + 1}/{trials}: " + ", ".join(f"{n} {r:,.0f}/s" for n, r in rates.items()))
-
-
-def paired_ratios(numerator: Variant, denominator: Variant) -> list[float]:
-    """Per-round ratios (both measured in the same round), robust to drift across rounds."""
-    return [a / b for a, b in zip(numerator.samples, denominator.samples) if b]
 
 
 def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | None = None, clean: bool = False):
