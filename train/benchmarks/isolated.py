@@ -88,10 +88,26 @@ class Worker:
         except ProcessLookupError:
             pass
 
+    def _died(self, when: str) -> VariantFailed:
+        code = self.process.returncode
+        how = f"signal {-code}" if code < 0 else f"exit {code}"
+        return VariantFailed(f"{self.label}: its worker process died {when} ({how})")
+
+    def _stop(self) -> None:
+        """SIGSTOP, and wait until the kernel has stopped it: the next trial starts with this one still."""
+        self._signal(signal.SIGSTOP)
+        try:
+            _, status = os.waitpid(self.process.pid, os.WUNTRACED)
+        except ChildProcessError:
+            return
+        if not os.WIFSTOPPED(status):  # it ended instead: record how, as Popen.wait would
+            self.process.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        self.stopped = True
+
     def call(self, command: str, **arguments) -> dict:
         """Continue the worker, run one command, stop it again; its failure is raised by kind."""
         if self.process.poll() is not None:
-            raise VariantFailed(f"{self.label}: its worker process ended (exit {self.process.returncode})")
+            raise self._died("earlier")
         if self.stopped:
             self._signal(signal.SIGCONT)
             self.stopped = False
@@ -99,11 +115,9 @@ class Worker:
         self.process.stdin.flush()
         line = self.replies.readline()
         if not line:
-            code = self.process.wait()
-            how = f"signal {-code}" if code < 0 else f"exit {code}"
-            raise VariantFailed(f"{self.label}: its worker process died during '{command}' ({how})")
-        self._signal(signal.SIGSTOP)
-        self.stopped = True
+            self.process.wait()
+            raise self._died(f"during '{command}'")
+        self._stop()
         reply = json.loads(line)
         if "error" in reply:
             if reply["kind"] == "user":

@@ -92,6 +92,11 @@ def paired_round(base, candidate, trials_opts, log=print) -> stats.Verdict:
     return stats.judge(stats.paired(candidate.samples, base.samples), stats.paired(again.samples, base.samples))
 
 
+def keeps(rule: str, verdict: stats.Verdict) -> bool:
+    """`always` rungs are carried forward whatever they measure; `if_faster` ones only when faster beyond the noise."""
+    return rule == "always" or verdict.faster
+
+
 def kept_word(keep: bool, verdict: stats.Verdict) -> str:
     if keep:
         return "yes" if verdict.faster else f"yes ({verdict.word})"
@@ -105,7 +110,7 @@ def measure_rung(index: int, rung: dict, base, candidate_cfg, opts: LadderOption
     candidate = isolated.IsolatedVariant(rung["name"], candidate_cfg)
     try:
         verdict = paired_round(base, candidate, opts.trials)
-        keep = row["keep"] == "always" or verdict.faster
+        keep = keeps(row["keep"], verdict)
         profile = candidate.profile(out / "profiles" / f"{index:02d}", num_steps=8)
     except BaseException:
         candidate.close()
