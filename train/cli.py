@@ -238,30 +238,8 @@ def cmd_lint(args) -> int:
     return lint.main(args.dockerfile, args.compose_file, args.code)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    prog = "gpu-template" if os.path.basename(sys.argv[0]) == "gpu-template" else "python -m train"
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    data = commands.add_parser("data", help="build the dataset a config trains on (no-op when built)")
-    _config_args(data)
-    data.add_argument(
-        "--scenario",
-        default="none",
-        help="overlay the scenario's data too: auto, none (default), a name in configs/scenarios/ or a YAML",
-    )
-    data.set_defaults(func=cmd_data)
-
-    fit = commands.add_parser("fit", help="train one config into runs/<name>/")
-    _config_args(fit)
-    fit.add_argument("--name", help="run name (default: the config's name)")
-    fit.add_argument(
-        "--fresh",
-        action="store_true",
-        help="start over even if runs/<name> holds an unfinished run (default: resume it)",
-    )
-    fit.set_defaults(func=cmd_fit)
-
+def _add_benchmark_commands(commands) -> None:
+    """compare, bench, bench-check, ladder, sweep-batch (defaults: train/benchmarks/options.py)."""
     from train.benchmarks import options
 
     compare = commands.add_parser("compare", help="train naive and optimized on the same data and model, report")
@@ -308,6 +286,21 @@ def build_parser() -> argparse.ArgumentParser:
     _trial_args(ladder, options.LadderOptions.TRIALS, "paired rounds per rung")
     ladder.set_defaults(func=cmd_ladder)
 
+    sweep = commands.add_parser("sweep-batch", help="throughput and utilization against batch size")
+    _scenario_args(sweep, out="runs/sweep-batch")
+    sweep.add_argument(
+        "--min", type=int, default=options.SweepOptions.min_batch, help="smallest batch (default: %(default)s)"
+    )
+    sweep.add_argument(
+        "--max", type=int, default=options.SweepOptions.max_batch, help="largest batch to try (default: %(default)s)"
+    )
+    _trial_args(sweep, options.SweepOptions.TRIALS, "trials per batch size")
+    sweep.set_defaults(func=cmd_sweep)
+
+
+def _add_tune_command(commands) -> None:
+    from train.benchmarks import options
+
     tune = commands.add_parser(
         "tune", help="search the speed knobs (not what is learned) for this data and machine -> configs/tuned.yaml"
     )
@@ -347,16 +340,33 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", default=str(options.TuneOptions.out), help="output folder (default: %(default)s)")
     tune.set_defaults(func=cmd_tune)
 
-    sweep = commands.add_parser("sweep-batch", help="throughput and utilization against batch size")
-    _scenario_args(sweep, out="runs/sweep-batch")
-    sweep.add_argument(
-        "--min", type=int, default=options.SweepOptions.min_batch, help="smallest batch (default: %(default)s)"
+
+def build_parser() -> argparse.ArgumentParser:
+    prog = "gpu-template" if os.path.basename(sys.argv[0]) == "gpu-template" else "python -m train"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    data = commands.add_parser("data", help="build the dataset a config trains on (no-op when built)")
+    _config_args(data)
+    data.add_argument(
+        "--scenario",
+        default="none",
+        help="overlay the scenario's data too: auto, none (default), a name in configs/scenarios/ or a YAML",
     )
-    sweep.add_argument(
-        "--max", type=int, default=options.SweepOptions.max_batch, help="largest batch to try (default: %(default)s)"
+    data.set_defaults(func=cmd_data)
+
+    fit = commands.add_parser("fit", help="train one config into runs/<name>/")
+    _config_args(fit)
+    fit.add_argument("--name", help="run name (default: the config's name)")
+    fit.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over even if runs/<name> holds an unfinished run (default: resume it)",
     )
-    _trial_args(sweep, options.SweepOptions.TRIALS, "trials per batch size")
-    sweep.set_defaults(func=cmd_sweep)
+    fit.set_defaults(func=cmd_fit)
+
+    _add_benchmark_commands(commands)
+    _add_tune_command(commands)
 
     diagnose = commands.add_parser("diagnose", help="verdict and recommendations for any log folder with a profile")
     diagnose.add_argument("logdir", help="a TensorBoard log folder (searched recursively for plugins/profile)")

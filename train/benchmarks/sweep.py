@@ -26,6 +26,42 @@ def _is_oom(error: Exception) -> bool:
     return isinstance(error, tf.errors.ResourceExhaustedError) or "out of memory" in str(error).lower()
 
 
+def measure_batch(batch: int, cfg, spec, found, opts: SweepOptions, out: Path) -> dict:
+    """Trials, CPU/GPU utilization and a short profile of one batch size; an out-of-memory error is a point too."""
+    sampler = Sampler(interval_s=0.2)
+    try:
+        variant = trials.prepare(f"batch {batch}", cfg, spec, found)
+        sampler.start()
+        for _ in range(opts.trials.rounds):
+            variant.trial(opts.trials.seconds)
+        sampler.stop()
+        profile = variant.profile(out / "profiles" / f"batch_{batch}", num_steps=6)
+    except Exception as error:  # only an out-of-memory error ends the sweep quietly
+        sampler.stop()
+        if not _is_oom(error):
+            raise
+        print(f"  batch {batch}: out of memory", flush=True)
+        return {"batch_size": batch, "status": "out of memory"}
+    usage = sampler.summary()
+    rates = variant.stats()
+    print(
+        f"  batch {batch}: {rates['median']:,.0f} examples/s ({rates['min']:,.0f}-{rates['max']:,.0f})"
+        + (f", {profile['input_bound_percent']:.1f}% waiting for input" if profile else ""),
+        flush=True,
+    )
+    del variant
+    gc.collect()
+    return {
+        "batch_size": batch,
+        "status": "ok",
+        "examples_per_sec": rates,
+        "input_bound_percent": profile["input_bound_percent"] if profile else None,
+        "device_busy_percent": profile["device_busy_percent"] if profile else None,
+        "cpu_utilization_percent": (usage["cpu_utilization_percent"] or {}).get("mean"),
+        "gpu_utilization_percent": usage["gpu_utilization_percent"],
+    }
+
+
 def main(opts: SweepOptions) -> int:
     scenario = scenario_lib.resolve(opts.variants.scenario)
     base = scenario.load(opts.variants.optimized, list(opts.variants.overrides), name="sweep")
@@ -54,43 +90,12 @@ def main(opts: SweepOptions) -> int:
             list(opts.variants.overrides) + [f"pipeline.batch_size={batch}"],
             name=f"batch_{batch}",
         )
-        sampler = Sampler(interval_s=0.2)
-        try:
-            variant = trials.prepare(f"batch {batch}", cfg, spec, found)
-            sampler.start()
-            for _ in range(opts.trials.rounds):
-                variant.trial(opts.trials.seconds)
-            sampler.stop()
-            profile = variant.profile(out / "profiles" / f"batch_{batch}", num_steps=6)
-        except Exception as error:  # only an out-of-memory error ends the sweep quietly
-            sampler.stop()
-            if not _is_oom(error):
-                raise
+        point = measure_batch(batch, cfg, spec, found, opts, out)
+        points.append(point)
+        if point["status"] != "ok":
             stop_reason = f"batch {batch} ran out of memory"
-            points.append({"batch_size": batch, "status": "out of memory"})
-            print(f"  batch {batch}: out of memory", flush=True)
             break
-        usage = sampler.summary()
-        stats = variant.stats()
-        points.append(
-            {
-                "batch_size": batch,
-                "status": "ok",
-                "examples_per_sec": stats,
-                "input_bound_percent": profile["input_bound_percent"] if profile else None,
-                "device_busy_percent": profile["device_busy_percent"] if profile else None,
-                "cpu_utilization_percent": (usage["cpu_utilization_percent"] or {}).get("mean"),
-                "gpu_utilization_percent": usage["gpu_utilization_percent"],
-            }
-        )
         largest = batch
-        print(
-            f"  batch {batch}: {stats['median']:,.0f} examples/s ({stats['min']:,.0f}-{stats['max']:,.0f})"
-            + (f", {profile['input_bound_percent']:.1f}% waiting for input" if profile else ""),
-            flush=True,
-        )
-        del variant
-        gc.collect()
 
     ok = [p for p in points if p["status"] == "ok"]
     best = max(ok, key=lambda p: p["examples_per_sec"]["median"]) if ok else None
