@@ -75,7 +75,7 @@ class Worker:
         )
         os.close(write_end)
         self.replies = os.fdopen(read_end, "r")
-        self.stopped = False
+        self.stopped = self.busy = False
 
     def config_file(self, cfg: Config, name: str) -> str:
         path = self.folder / f"{name}.yaml"
@@ -111,9 +111,11 @@ class Worker:
         if self.stopped:
             self._signal(signal.SIGCONT)
             self.stopped = False
+        self.busy = True
         self.process.stdin.write(json.dumps({"command": command, **arguments}) + "\n")
         self.process.stdin.flush()
         line = self.replies.readline()
+        self.busy = False
         if not line:
             self.process.wait()
             raise self._died(f"during '{command}'")
@@ -128,6 +130,10 @@ class Worker:
         return reply
 
     def close(self) -> None:
+        """Let an idle worker exit; one interrupted mid-command (Ctrl-C) is killed: it holds nothing to save."""
+        if self.busy and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
         if self.process.poll() is None:
             self._signal(signal.SIGCONT)
             try:
