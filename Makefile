@@ -148,3 +148,23 @@ docker-tensorboard: ## TensorBoard for runs/ from Docker, on http://127.0.0.1:60
 
 clean: ## Remove runs/ and the built datasets (keeps .venv)
 	rm -rf runs shards .pytest_cache
+
+# Profile your own training script, unchanged (README, "Profile your own script"): SCRIPT="my_train.py ARGS"
+# runs as `python my_train.py ARGS` with the capture injected, then diagnose reads what it captured.
+# ARGS go to `python -m train profile` (--logdir, --steps A-B, --seconds S, --json).
+SCRIPT ?=
+NEED_SCRIPT = @test -n "$(SCRIPT)" || { echo 'error: name the script and its arguments, e.g. make profile SCRIPT="my_train.py --epochs 3"' >&2; exit 2; }
+
+.PHONY: profile bench-profile docker-profile
+
+profile: setup ## Profile your own training script, unchanged, and diagnose it (SCRIPT="my_train.py ARGS")
+	$(NEED_SCRIPT)
+	$(PY) -m train profile $(ARGS) -- $(PY) $(SCRIPT)
+
+bench-profile: setup ## What profile costs a run outside its capture window: a corpus script with and without it
+	$(PY) -m train bench-profile $(ARGS)
+
+docker-profile: ## Profile SCRIPT in Docker with GPU traces (root + CAP_SYS_ADMIN; files handed back to you)
+	$(NEED_DOCKER)
+	$(NEED_SCRIPT)
+	docker compose run --rm profile python -m train profile --chown $(HOST_UID):$(HOST_GID) $(ARGS) -- python $(SCRIPT)

@@ -8,14 +8,20 @@ opaque pointers filled by nvmlGpmSampleGet and compared by nvmlGpmMetricsGet.
 import ctypes
 import itertools
 import json
+import subprocess
+import sys
 import time
 import types
+from pathlib import Path
 
 import pynvml
 import pytest
 
 from train.benchmarks import report
 from train.measure import monitor
+from train.measure.sampler import SampleWriter
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GPM_VALUES = {  # what the fake GPM GPU reports, by metric id
     pynvml.NVML_GPM_METRIC_SM_UTIL: 55.0,
@@ -387,3 +393,42 @@ def test_real_gpu_is_sampled():
         else:
             assert gpu["sm_activity_percent"] is None
     sampler.stop()
+
+
+# --- the sampler without Keras or TensorFlow (python -m train profile samples from outside the run) ----------
+
+
+def test_the_sampler_and_its_writer_import_neither_keras_nor_tensorflow(tmp_path):
+    code = (
+        "import sys\n"
+        "from train.measure import sampler\n"
+        "s = sampler.Sampler(interval_s=0.01)\n"
+        "s.samples = [s.sample() for _ in range(3)]\n"
+        f"w = sampler.SampleWriter({str(tmp_path)!r})\n"
+        "w.write(s.samples)\n"
+        "w.close()\n"
+        "print(sorted({'keras', 'tensorflow'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert list(tmp_path.glob("events.out.tfevents.*"))
+
+
+def test_sample_writer_appends_rows_that_tensorboard_reads_with_their_times(tmp_path):
+    import tensorflow as tf
+
+    sampler = monitor.Sampler(interval_s=0.01, nvml=fake_nvml())
+    sampler.samples = [sampler.sample() for _ in range(3)]
+    writer = SampleWriter(tmp_path)
+    writer.write(sampler.samples)
+    sampler.samples.append(sampler.sample())
+    writer.write(sampler.samples)  # only the new row
+    writer.close()
+    events = [e for e in tf.compat.v1.train.summary_iterator(str(writer.path)) if e.summary.value]
+    assert [e.step for e in events] == [0, 1, 2, 3]
+    assert [e.wall_time for e in events] == pytest.approx([row["time"] for row in sampler.samples])
+    values = {v.tag: v.simple_value for v in events[1].summary.value}
+    assert values["gpu0/utilization_percent"] == 40.0 and values["gpu1/utilization_percent"] == 90.0
+    assert values["gpu0/sm_activity_percent"] == 55.0 and "cpu_utilization_percent" in values
+    assert "gpu0/sm_activity_percent" not in {v.tag for v in events[0].summary.value}  # None: not written

@@ -337,3 +337,190 @@ def profile(case: str, files: dict, logdir: Path, how: str = "markers") -> float
         callback = StepTraceProfiler(logdir, start_step=START, num_steps=STEPS)
     model.fit(dataset, verbose=0, callbacks=[callback], **fit_args)
     return time.perf_counter() - started
+
+
+# ---- custom training loops, and the corpus as scripts a user runs (python -m train profile -- python ...) ---------
+# Run as a script: `python tests/user_pipelines.py CASE FILES_DIR [--steps N] [--times FILE]` trains one case with
+# nothing of this project imported and no profiler or step-marker code: what `profile` must capture from outside.
+
+
+def _pil_examples(files):
+    from PIL import Image
+
+    def examples():
+        while True:
+            for path, label in zip(files["jpegs"], files["labels"]):
+                yield np.asarray(Image.open(path).convert("RGB").resize((SIZE, SIZE))), label
+
+    return examples
+
+
+def _train_step(model, optimizer):
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    return step
+
+
+def tape_loop_sequential_map(files, steps=60):
+    """A GradientTape step in a tf.function, called from a Python loop; a heavy map without num_parallel_calls."""
+    ds, _, _ = sequential_tf_map(files)
+    model, optimizer = small_model(), keras.optimizers.Adam()
+    train_step = tf.function(_train_step(model, optimizer))
+    for step, (images, labels) in enumerate(ds):
+        train_step(images, labels)
+        if step + 1 >= steps:
+            break
+
+
+def mirrored_loop_generator(files, steps=60):
+    """strategy.run over two logical CPUs inside a tf.function; batches from a Python generator (PIL decode)."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    signature = (tf.TensorSpec((SIZE, SIZE, 3), tf.uint8), tf.TensorSpec((), tf.int64))
+    ds = tf.data.Dataset.from_generator(_pil_examples(files), output_signature=signature).batch(16).prefetch(2)
+    with strategy.scope():
+        model, optimizer = small_model(), keras.optimizers.Adam()
+        optimizer.build(model.trainable_variables)  # its slots made here, not inside the replicated step
+    step_fn = _train_step(model, optimizer)
+
+    @tf.function
+    def train_step(batch):
+        losses = strategy.run(step_fn, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    for step, batch in enumerate(strategy.experimental_distribute_dataset(ds)):
+        train_step(batch)
+        if step + 1 >= steps:
+            break
+
+
+def own_tensorboard_numpy_function(files, steps=None):
+    """model.fit with the user's own TensorBoard(profile_batch=...) callback; PIL decode in tf.numpy_function."""
+    ds, model, fit_args = numpy_function_map(files)
+    board = keras.callbacks.TensorBoard("tb_logs", profile_batch=(3, 14))
+    model.fit(ds, verbose=0, callbacks=[board], **{**fit_args, "steps_per_epoch": steps or fit_args["steps_per_epoch"]})
+
+
+def multi_worker_generator(files, steps=40, workers=2):
+    """Two local MultiWorkerMirroredStrategy workers (a custom loop: Keras fit fails under MWMS, keras#20585),
+    started by this script as a user's launcher would; batches from a Python generator."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    if "TF_CONFIG" not in os.environ:
+        sockets = [socket.socket() for _ in range(workers)]
+        for sock in sockets:
+            sock.bind(("localhost", 0))
+        cluster = {"worker": [f"localhost:{sock.getsockname()[1]}" for sock in sockets]}
+        for sock in sockets:
+            sock.close()
+        children = []
+        for index in range(workers):
+            config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            children.append(subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "TF_CONFIG": config}))
+        try:
+            codes = [child.wait(timeout=300) for child in children]
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+        raise SystemExit(max(codes))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    signature = (tf.TensorSpec((SIZE, SIZE, 3), tf.uint8), tf.TensorSpec((), tf.int64))
+
+    def dataset(context):
+        ds = tf.data.Dataset.from_generator(_pil_examples(files), output_signature=signature)
+        return ds.batch(context.get_per_replica_batch_size(64)).prefetch(2)
+
+    with strategy.scope():
+        model, optimizer = small_model(), keras.optimizers.Adam()
+        optimizer.build(model.trainable_variables)
+    step_fn = _train_step(model, optimizer)
+
+    @tf.function
+    def train_step(iterator):
+        return strategy.run(step_fn, args=next(iterator))
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset))
+    for _ in range(steps):
+        train_step(iterator)
+
+
+LOOPS = {
+    "tape_loop_sequential_map": tape_loop_sequential_map,
+    "mirrored_loop_generator": mirrored_loop_generator,
+    "own_tensorboard_numpy_function": own_tensorboard_numpy_function,
+    "multi_worker_generator": multi_worker_generator,
+}
+
+
+def save_files(root: Path) -> Path:
+    """make_files once, with its arrays saved beside the files, for scripts that load them (load_files)."""
+    files = make_files(root)
+    np.savez(root / "arrays.npz", images=files["images"], image_labels=files["image_labels"])
+    (root / "paths.txt").write_text("\n".join(files["jpegs"] + ["--"] + files["shards"]))
+    return root
+
+
+def load_files(root: Path) -> dict:
+    jpegs, shards = (part.split("\n") for part in (root / "paths.txt").read_text().split("\n--\n"))
+    arrays = np.load(root / "arrays.npz")
+    labels = [i % CLASSES for i in range(len(jpegs))]
+    return {"jpegs": jpegs, "labels": labels, "shards": shards, **{k: arrays[k] for k in arrays.files}}
+
+
+def run_script(case: str, root: Path, steps: int | None = None, times: str | None = None) -> None:
+    """What the script does: train one case, plain Keras or a custom loop, nothing else."""
+    files = load_files(root)
+    if case in LOOPS:
+        LOOPS[case](files, **({"steps": steps} if steps else {}))
+        return
+    dataset, model, fit_args = ALL[case](files)
+    if steps:
+        fit_args = {**fit_args, "steps_per_epoch": steps, "epochs": 1}
+    callbacks = []
+    if times:  # the user's own timing: when each step ended (the overhead benchmark compares these)
+        ended = []
+
+        def step_ended(batch, logs):
+            ended.append(time.time())
+
+        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=step_ended))
+    model.fit(dataset, verbose=0, callbacks=callbacks, **fit_args)
+    if times:
+        import json
+
+        Path(times).write_text(json.dumps({"step_ends": ended, "batch": _batch_size(dataset)}))
+
+
+def _batch_size(dataset) -> int:
+    return int(next(iter(dataset))[0].shape[0])
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="train one corpus case as a user's script would")
+    parser.add_argument("case", nargs="?", choices=sorted({*ALL, *LOOPS}))
+    parser.add_argument("files", nargs="?", type=Path, help="a folder made by --make-files")
+    parser.add_argument("--steps", type=int, help="train this many steps (Keras cases: steps_per_epoch, one epoch)")
+    parser.add_argument("--times", help="write when each step ended to this JSON file (Keras cases)")
+    parser.add_argument("--make-files", type=Path, metavar="FOLDER", help="make the files the cases read, then exit")
+    options = parser.parse_args()
+    if options.make_files:
+        save_files(options.make_files)
+    elif not options.case or not options.files:
+        parser.error("give a case and the folder made by --make-files")
+    else:
+        run_script(options.case, options.files, options.steps, options.times)
