@@ -29,6 +29,7 @@ from train.training import devices, setup
 
 PREROLL_S = 0.25  # untimed steps before each trial ...
 PREROLL_CALLS = 2  # ... and at least this many executions
+EPOCH_ALIGN_MAX_S = 20.0  # trials run whole epochs when one takes at most this long
 
 
 @dataclasses.dataclass
@@ -42,6 +43,7 @@ class Variant:
     description: str
     samples: list[float] = dataclasses.field(default_factory=list)
     warmup_seconds: float = 0.0
+    epoch_calls: int = 0  # executions per epoch of the training split (0: not known)
 
     @property
     def replicas(self) -> int:
@@ -61,23 +63,38 @@ class Variant:
         return time.perf_counter() - started
 
     def trial(self, seconds: float, min_calls: int = 3) -> float:
-        """examples/s over at least `seconds` (and `min_calls` executions), after a short untimed
-        pre-roll. In a worker that was stopped while other variants ran (isolated.py), the pre-roll
-        lets its threads resume; where a variant shares a process with others, it drains what its
-        pipeline prepared while they ran (a head start, not the steady state)."""
+        """examples/s over at least `seconds` (and `min_calls` executions) and whole epochs, after a
+        short untimed pre-roll. In a worker that was stopped while other variants ran (isolated.py),
+        the pre-roll lets its threads resume; where a variant shares a process with others, it
+        drains what its pipeline prepared while they ran (a head start, not the steady state).
+
+        Whole epochs where one takes at most EPOCH_ALIGN_MAX_S: the cost of a step is not the same
+        across an epoch (a shuffle buffer refills by decoding at the start of each epoch and drains
+        without decoding at its end: the naive pipeline's half-second trials read 260 to 2,200
+        images/s), and a trial of whole epochs sees every part of it once.
+        """
         started, drained = time.perf_counter(), 0
         while time.perf_counter() - started < PREROLL_S or drained < PREROLL_CALLS:
             self.run(1)
             drained += 1
         calls, elapsed, chunk = 0, 0.0, 1
-        while elapsed < seconds or calls < min_calls:
-            took = self.run(chunk)
-            elapsed, calls = elapsed + took, calls + chunk
+        while elapsed < seconds or calls < min_calls or not self._whole_epochs(calls, elapsed):
+            step = min(chunk, self._to_epoch_end(calls)) if elapsed >= seconds else chunk
+            took = self.run(step)
+            elapsed, calls = elapsed + took, calls + step
             if took < 0.25:  # grow chunks to about 0.25 s: one host sync per chunk, not per step
-                chunk = max(chunk, int(chunk * 0.25 / max(took, 1e-6)))
+                chunk = max(chunk, int(step * 0.25 / max(took, 1e-6)))
         rate = calls * self.steps_per_call * self.batch_size / elapsed
         self.samples.append(rate)
         return rate
+
+    def _whole_epochs(self, calls: int, elapsed: float) -> bool:
+        if not self.epoch_calls or not calls or self.epoch_calls * elapsed / calls > EPOCH_ALIGN_MAX_S:
+            return True
+        return calls % self.epoch_calls == 0
+
+    def _to_epoch_end(self, calls: int) -> int:
+        return (self.epoch_calls - calls % self.epoch_calls) if self.epoch_calls else 1 << 30
 
     def profile(self, logdir: Path, num_steps: int = 8) -> dict | None:
         """A short profile with step markers, analysed by xprof; None when it cannot be read."""
@@ -111,6 +128,28 @@ def training_pipeline(made: setup.Plan, spec: DatasetSpec):
     )
 
 
+SETTLE_WINDOW_S = 1.0  # warm-up goes on in windows of this length ...
+SETTLE_GAIN = 0.05  # ... while a window is this much faster than every window before it ...
+SETTLE_MAX_S = 30.0  # ... for at most this long in all
+
+
+def settle(variant: Variant, deadline: float) -> None:
+    """Run until the variant stops getting faster: a fresh pipeline's autotuning raises its parallelism
+    and buffers over seconds (a fresh larger-than-memory pipeline ran at 330-380 images/s for 4 s,
+    1,200 once settled), and a variant measured before it has settled reads slower as a new
+    candidate than it does later as a long-running base."""
+    best = 0.0
+    while time.perf_counter() < deadline:
+        window, calls, began = 0.0, 0, time.perf_counter()
+        while window < SETTLE_WINDOW_S or calls < 3:
+            window += variant.run(1)
+            calls += 1
+        rate = calls / (time.perf_counter() - began)
+        if rate <= best * (1 + SETTLE_GAIN):
+            return
+        best = max(best, rate)
+
+
 def prepare(
     name: str,
     cfg: Config,
@@ -123,8 +162,9 @@ def prepare(
 ) -> Variant:
     """Set up (as a run is: training/setup.py), compile and warm up one variant.
 
-    Warm-up runs at least one full epoch when the pipeline caches (the cache fills there) and
-    at least `warmup_seconds`, so tracing, compilation and autotuning are all behind it.
+    Warm-up runs at least one full epoch when the pipeline caches (the cache fills there), at
+    least `warmup_seconds`, then until the variant stops getting faster (`settle`), so tracing,
+    compilation and autotuning are all behind it.
     `ceiling=True` feeds the model one batch of real examples repeated from memory: the
     same model with zero input cost. A config with several replicas (train.strategy: mirrored)
     really runs on them: the batches are distributed like `model.fit` distributes them.
@@ -160,9 +200,11 @@ def prepare(
     )
     caches = knobs.cache != "none" and not ceiling  # the first epoch fills it
     started = time.perf_counter()
+    variant.epoch_calls = 0 if ceiling else epoch_calls
     variant.run(epoch_calls + 1 if caches else 3)
     while time.perf_counter() - started < warmup_seconds:
         variant.run(1)
+    settle(variant, started + SETTLE_MAX_S)
     variant.warmup_seconds = time.perf_counter() - started
     log(
         f"  ready: {name} ({description}; precision {choices.precision}, XLA {choices.jit_compile}, "
