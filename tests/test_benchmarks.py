@@ -66,6 +66,7 @@ def test_bench_reports_paired_gains_the_decode_floor_and_the_cores_each_pipeline
         )
     assert bench["snapshot"] is None  # the decoded images fit in memory: no snapshot on disk
     assert bench["host_cores"] >= 1 and bench["peak_rss_mb"] > 0
+    assert "Decode floor" in (out / "bench.md").read_text()
     for text in ("cores per 1,000 images/s", "speedup (optimized / naive)", "Decode floor", "x floor"):
         assert text in result.stdout
     assert list((out / "tb" / "ceiling").glob("events.out.tfevents.*"))

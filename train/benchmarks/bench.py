@@ -128,8 +128,9 @@ def main(opts: BenchOptions) -> int:
     if "without_snapshot" in by_name:
         result["snapshot"]["gain"] = stats.gain(local.samples, by_name["without_snapshot"].samples).as_dict()
     files.write_json(out / "bench.json", result)
+    files.write_text(out / "bench.md", bench_report.markdown(result))
     bench_report.write_tensorboard(out, [*variants, again])
     print()
     print(bench_report.table(result))
-    print(f"\nWritten: {out}/bench.json (TensorBoard: runs bench/tb/*)")
+    print(f"\nWritten: {out}/bench.json, bench.md (TensorBoard: runs bench/tb/*)")
     return 0

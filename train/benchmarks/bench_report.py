@@ -75,6 +75,25 @@ def table(result: dict) -> str:
     return "\n".join(lines + [""] + cost_lines(result))
 
 
+def markdown(result: dict) -> str:
+    """bench.md: what was measured, how, and the table as printed."""
+    return "\n".join(
+        [
+            "# make bench",
+            "",
+            f"Device: **{result['device']}**. {result['scenario']}. {result['trials']} interleaved rounds of at least "
+            f"{result['trial_seconds']:g} s per variant after warm-up; {result['isolation']}. Gains are medians of "
+            "per-round ratios (train/benchmarks/stats.py); the decode floor and each pipeline's cost were measured "
+            "alone, each in a fresh process.",
+            "",
+            "```",
+            table(result),
+            "```",
+            "",
+        ]
+    )
+
+
 def snapshot_line(snapshot: dict) -> str:
     how = (
         "reused from an earlier run"
