@@ -370,8 +370,8 @@ def test_tune_finds_a_real_improvement_from_a_mis_set_start_and_a_second_run_sta
     assert kept, json.dumps(report["trials"], indent=1)[-3000:]
     assert report["final"]["faster"] and report["final"]["gain"] > 1.03
     assert {row["knob"] for row in report["trials"]} <= {"pipeline.cache", "train.steps_per_execution"}
-    overlay = yaml.safe_load(tuned.read_text())
-    assert overlay.flatten(overlay) == {row["knob"]: row["value"] for row in kept}
+    written = yaml.safe_load(tuned.read_text())
+    assert overlay.flatten(written) == {row["knob"]: row["value"] for row in kept}
     loaded = config.load(ROOT / "configs/optimized.yaml", [s for s in data_sets(tiny_data_dir)], layers=[tuned])
     assert loaded.model.name == "resnet" and loaded.pipeline.random_crop is False
     for name in ("tune.md", "tune.png"):
@@ -384,7 +384,7 @@ def test_tune_finds_a_real_improvement_from_a_mis_set_start_and_a_second_run_sta
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"Starting from {tuned}" in again.stdout
     second = json.loads((out / "tune.json").read_text())
-    assert second["start"] == overlay.flatten(overlay) and second["stopped"] == "budget"
+    assert second["start"] == overlay.flatten(written) and second["stopped"] == "budget"
     assert tuned.read_text() == before
 
 
