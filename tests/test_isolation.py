@@ -110,3 +110,27 @@ def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data
         assert aa["within_noise"], (pairing, aa)
     # the rung's gain reads the same whether it is the fresh candidate or the long-running base
     assert order["passed"], order
+
+
+class FakeWorker:
+    pass
+
+
+class Named:
+    def __init__(self, name, worker):
+        self.name, self.worker = name, worker
+
+
+def test_no_trial_follows_a_trial_of_the_same_process_and_every_variant_takes_every_place():
+    base, candidate = Named("base", FakeWorker()), Named("candidate", FakeWorker())
+    views = [isolated.View(n, v) for n, v in (("b", base), ("c", candidate), ("b2", base), ("c2", candidate))]
+    rounds = isolated.schedule(views, 6)
+    sequence = [view for order in rounds for view in order]
+    assert all(isolated.worker_of(a) is not isolated.worker_of(b) for a, b in zip(sequence, sequence[1:]))
+    assert all(sorted(v.name for v in order) == ["b", "b2", "c", "c2"] for order in rounds)
+    many = [Named(n, FakeWorker()) for n in ("naive", "optimized", "ceiling")]
+    views = [*many, isolated.View("optimized again", many[1])]
+    rounds = isolated.schedule(views, 8)
+    sequence = [view for order in rounds for view in order]
+    assert all(isolated.worker_of(a) is not isolated.worker_of(b) for a, b in zip(sequence, sequence[1:]))
+    assert {order[0].name for order in rounds} >= {"naive", "ceiling"}  # the order still rotates

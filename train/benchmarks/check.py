@@ -3,9 +3,9 @@
 - **A/A**: the same config measured as two variants (two processes) must read 1.00 within
   +-3 % (median of the per-round ratios), in each pairing the benchmarks use: bench's (two
   fresh variants in the same rounds), the ladder's (a long-running base against a fresh
-  candidate) and tune's (TrialMeasure.compare, its trial lengths). Each pairing also measures
-  the first variant twice a round, the noise of that moment (`within_noise`: the A/A median lies
-  within max(3 %, that noise)).
+  candidate) and tune's (TrialMeasure.compare, its trial lengths). Each pairing measures both
+  twice a round, alternating; the first variant's two trials give the noise of that moment
+  (`within_noise`: the A/A median lies within max(3 %, that noise)).
 - **order**: a rung's gain measured with it as the fresh candidate against the long-running
   base, and again with it as the long-running base against the fresh rung before it, must
   agree within max(3 %, the A/A noise of either run). The rung is the ladder file's
@@ -30,10 +30,10 @@ from train.benchmarks.tune.overlay import as_sets
 from train.core import files
 
 
-def aa_result(first: list[float], second: list[float], again: list[float]) -> dict:
+def aa_result(first: list[float], second: list[float], repeat_ratios: list[float]) -> dict:
     """The A/A pair's gain (second / first), the first's own repeat noise, and the verdicts."""
     pair = stats.Gain.of(stats.paired(second, first))
-    noise = stats.noise(stats.paired(again, first))
+    noise = stats.noise(repeat_ratios)
     return {
         **pair.as_dict(),
         "noise": noise,
@@ -49,21 +49,22 @@ def history(variant, rounds: Trials) -> None:
     variant.samples.clear()
 
 
+def aa_of(pair: isolated.Pair) -> dict:
+    return aa_result(pair.base, pair.candidate, pair.aa_ratios)
+
+
 def bench_pairing(cfg, rounds: Trials) -> dict:
+    """Two fresh variants of one config, prepared one after the other, as bench prepares its variants."""
     with isolated.IsolatedVariant("A", cfg) as first, isolated.IsolatedVariant("A'", cfg) as second:
-        again = first.view("A again")
-        isolated.interleaved([first, second, again], rounds.rounds, rounds.seconds)
-        return aa_result(first.samples, second.samples, again.samples)
+        return aa_of(isolated.pair_round(first, second, rounds.rounds, rounds.seconds))
 
 
 def ladder_pairing(cfg, rounds: Trials) -> dict:
+    """A base that ran a comparison before against a fresh candidate of the same config, as in the ladder."""
     with isolated.IsolatedVariant("base", cfg) as base:
         history(base, rounds)
         with isolated.IsolatedVariant("candidate", cfg) as candidate:
-            again = base.view("base again")
-            base.samples.clear()
-            isolated.interleaved([base, candidate, again], rounds.rounds, rounds.seconds)
-            return aa_result(base.samples, candidate.samples, again.samples)
+            return aa_of(isolated.pair_round(base, candidate, rounds.rounds, rounds.seconds))
 
 
 def tune_pairing(load, rounds: Trials, own_value: dict) -> dict:
@@ -75,7 +76,9 @@ def tune_pairing(load, rounds: Trials, own_value: dict) -> dict:
     finally:
         measure.close()
     samples = comparison.samples
-    return aa_result(samples["best"], samples["candidate"], samples["best again"])
+    best = [(a + b) / 2 for a, b in zip(samples["base"], samples["base (again)"])]
+    candidate = [(a + b) / 2 for a, b in zip(samples["candidate"], samples["candidate (again)"])]
+    return aa_result(best, candidate, comparison.aa_ratios)
 
 
 def order(before_cfg, rung_cfg, rung: str, rounds: Trials) -> dict:

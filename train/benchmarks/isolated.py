@@ -247,27 +247,75 @@ def measure_alone(command: str, cfg: Config, seconds: float) -> dict:
         worker.close()
 
 
+def worker_of(variant) -> Worker:
+    return variant.variant.worker if isinstance(variant, View) else variant.worker
+
+
+def schedule(variants: list, rounds: int) -> list[list]:
+    """Each round's order: rotated by one each round (A B C, B C A, ...) so a slow drift of a shared
+    machine hits every variant, then rearranged so that no trial directly follows a trial of the
+    same process, across rounds too: every trial then starts after the same kind of pause."""
+    orders, previous = [], None
+    for index in range(rounds):
+        shift = index % len(variants)
+        pending, order = variants[shift:] + variants[:shift], []
+        while pending:
+            last = worker_of(order[-1]) if order else previous
+            pick = next((v for v in pending if worker_of(v) is not last), pending[0])
+            pending.remove(pick)
+            order.append(pick)
+        orders.append(order)
+        previous = worker_of(order[-1])
+    return orders
+
+
 def interleaved(
     variants: list, trials: int, seconds: float, log: Callable[[str], None] = print, min_calls: int = 3
 ) -> None:
-    """Measure every variant `trials` times, rotating the order each round (A B C, B C A, ...), so a
-    slow drift of a shared machine hits them all; each round's ratios are paired (stats.paired).
+    """Measure every variant `trials` times in `schedule`'s order; each round's ratios are paired
+    (stats.paired). A variant measured twice a round (an A/A view) is never measured twice in a row.
 
     First one unrecorded trial of each process: a variant that stayed stopped while another was
     prepared (10-30 s) resumes with autotuning statistics that count that pause (tf.data times its
     stages by the wall clock); one trial lets them settle before anything is recorded.
     """
-    settled = set()
+    settled = []
     for variant in variants:
-        worker = variant.variant.worker if isinstance(variant, View) else variant.worker
-        if id(worker) not in settled:
-            settled.add(id(worker))
-            worker.call("trial", seconds=seconds, min_calls=min_calls)
-    for round_index in range(trials):
-        shift = round_index % len(variants)
-        order = variants[shift:] + variants[:shift]
+        if worker_of(variant) not in settled:
+            settled.append(worker_of(variant))
+            worker_of(variant).call("trial", seconds=seconds, min_calls=min_calls)
+    for round_index, order in enumerate(schedule(variants, trials)):
         rates = {v.name: v.trial(seconds, min_calls) for v in order}
         log(f"  trial {round_index + 1}/{trials}: " + ", ".join(f"{n} {r:,.0f}/s" for n, r in rates.items()))
+
+
+@dataclasses.dataclass
+class Pair:
+    """A base and a candidate measured in the same rounds (pair_round)."""
+
+    ratios: list[float]  # per round: candidate / base, each the mean of its two trials of that round
+    aa_ratios: list[float]  # per round: the base's second trial / its first (A/A)
+    base: list[float]  # per round: the base's mean examples/s
+    candidate: list[float]
+    samples: dict  # every trial, per round: base, candidate, base (again), candidate (again)
+
+
+def pair_round(base, candidate, rounds: int, seconds: float, log: Callable[[str], None] = print, min_calls: int = 3):
+    """Base and candidate each measured twice a round, alternating (B C B C, so no trial follows one of
+    the same process), which also gives the base's A/A noise at that very time."""
+    views = [base.view(base.name), candidate.view(candidate.name)]
+    views += [base.view(f"{base.name} (again)"), candidate.view(f"{candidate.name} (again)")]
+    interleaved(views, rounds, seconds, log=log, min_calls=min_calls)
+    first_base, first_candidate, again_base, again_candidate = (v.samples for v in views)
+    base_means = [(a + b) / 2 for a, b in zip(first_base, again_base)]
+    candidate_means = [(a + b) / 2 for a, b in zip(first_candidate, again_candidate)]
+    return Pair(
+        ratios=stats.paired(candidate_means, base_means),
+        aa_ratios=stats.paired(again_base, first_base),
+        base=base_means,
+        candidate=candidate_means,
+        samples=dict(zip(("base", "candidate", "base (again)", "candidate (again)"), (list(v.samples) for v in views))),
+    )
 
 
 def close_all(variants) -> None:

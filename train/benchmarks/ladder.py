@@ -2,8 +2,8 @@
 
 The rungs are config overrides listed in configs/ladder/ladder.yaml. Each rung is compared with
 the rung kept before it in paired, interleaved rounds, every variant in its own process and
-stopped while another is measured (isolated.py); the rung before it is measured twice per round
-for the A/A noise. Its gain is the median of the per-round ratios, and stats.judge calls it
+stopped while another is measured (isolated.py); both are measured twice per round, alternating,
+and the rung before it gives the A/A noise. Its gain is the median of the per-round ratios, and stats.judge calls it
 faster, slower or within noise. A `keep: if_faster` rung is kept only when faster beyond the
 noise. The cumulative line multiplies only gains beyond the noise (within noise counts x1.00),
 and the overall figure is measured, not multiplied: the last kept rung against naive, paired,
@@ -84,12 +84,12 @@ def hparams(config: dict) -> dict:
     }
 
 
-def paired_round(base, candidate, trials_opts, log=print) -> stats.Verdict:
-    """Base, candidate and base again in the same rounds: the candidate's verdict against the base's A/A noise."""
-    base.samples.clear()
-    again = base.view(f"{base.name} (again)")
-    isolated.interleaved([base, candidate, again], trials_opts.rounds, trials_opts.seconds, log=log)
-    return stats.judge(stats.paired(candidate.samples, base.samples), stats.paired(again.samples, base.samples))
+def paired_round(base, candidate, trials_opts) -> stats.Verdict:
+    """Base and candidate, each twice a round (isolated.pair_round): the candidate's verdict against the
+    base's A/A noise. Leaves each variant's per-round mean examples/s in its samples."""
+    pair = isolated.pair_round(base, candidate, trials_opts.rounds, trials_opts.seconds)
+    base.samples[:], candidate.samples[:] = pair.base, pair.candidate
+    return stats.judge(pair.ratios, pair.aa_ratios)
 
 
 def keeps(rule: str, verdict: stats.Verdict) -> bool:
@@ -198,7 +198,7 @@ def main(opts: LadderOptions) -> int:
     spec, found = trials.begin(scenario, configs, out, clean=True)
     print(
         f"Device: {found.describe()}. Each rung: {opts.trials.rounds} paired rounds of >= {opts.trials.seconds:g} s "
-        "against the rung kept before it (measured twice a round for the A/A noise), after warm-up; every "
+        "against the rung kept before it, both twice a round, alternating (A/A noise), after warm-up; every "
         "variant in its own process, stopped while another is measured.",
         flush=True,
     )

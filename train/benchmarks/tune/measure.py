@@ -39,25 +39,42 @@ class TrialMeasure:
         return self.alive[key]
 
     def compare(self, reference: dict, candidate: dict, rounds: int, extra: dict | None = None) -> Comparison:
-        best_variant = self.variant(reference, "reference")
-        candidate_variant = self.variant(candidate, "candidate")
-        views = [best_variant.view("best"), candidate_variant.view("candidate"), best_variant.view("best again")]
+        best = self.variant(reference, "reference")
+        cand = self.variant(candidate, "candidate")
+        if not extra:
+            try:
+                pair = isolated.pair_round(best, cand, rounds, self.seconds, log=lambda line: None, min_calls=MIN_CALLS)
+            except isolated.VariantFailed as error:
+                raise CandidateFailed(str(error)) from None
+            return Comparison(
+                ratios=pair.ratios,
+                aa_ratios=pair.aa_ratios,
+                reference_rate=statistics.median(pair.base),
+                candidate_rate=statistics.median(pair.candidate),
+                samples=pair.samples,
+            )
+        return self._compare_with(best, cand, rounds, extra)
+
+    def _compare_with(self, best, cand, rounds: int, extra: dict) -> Comparison:
+        """The final check with reference presets: best, candidate, best again and each reference in one
+        rotation (three or more processes, so no trial follows one of the same process)."""
+        views = [best.view("best"), cand.view("candidate"), best.view("best again")]
         others = []
         try:
-            for name, cfg in (extra or {}).items():
+            for name, cfg in extra.items():
                 others.append(isolated.IsolatedVariant(name, cfg, log=None))
             isolated.interleaved(views + others, rounds, self.seconds, log=lambda line: None, min_calls=MIN_CALLS)
         except isolated.VariantFailed as error:
             raise CandidateFailed(str(error)) from None
         finally:
             isolated.close_all(others)
-        best, cand, again = views
+        first, candidate, again = views
         return Comparison(
-            ratios=stats.paired(cand.samples, best.samples),
-            aa_ratios=stats.paired(again.samples, best.samples),
-            reference_rate=statistics.median(best.samples),
-            candidate_rate=statistics.median(cand.samples),
-            extra={other.name: stats.paired(cand.samples, other.samples) for other in others},
+            ratios=stats.paired(candidate.samples, first.samples),
+            aa_ratios=stats.paired(again.samples, first.samples),
+            reference_rate=statistics.median(first.samples),
+            candidate_rate=statistics.median(candidate.samples),
+            extra={other.name: stats.paired(candidate.samples, other.samples) for other in others},
             samples={view.name: list(view.samples) for view in views + others},
         )
 
