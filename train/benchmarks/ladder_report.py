@@ -53,9 +53,9 @@ def markdown(result: dict) -> str:
             "# Optimization ladder",
             "",
             f"Device: **{result['device']}**. {result['scenario']}. {result['trials']} paired, interleaved rounds "
-            f"of at least {result['trial_seconds']:g} s per rung against the rung kept before it, both measured twice a "
-            "round, alternating (the rung before it gives the A/A noise); warm-up excluded; every variant in its own process, stopped while "
-            "another is measured. *gain* is the median of the per-round ratios against the previous rung; a rung is "
+            f"of at least {result['trial_seconds']:g} s per rung against the rung kept before it, both measured "
+            "twice a round, alternating (the rung before it gives the A/A noise); warm-up excluded; every variant "
+            "in its own process, stopped while another is measured. *gain* is the median of the per-round ratios against the previous rung; a rung is "
             "*faster* when that median is above 1 + max(3 %, A/A noise) and its lower quartile above 1, *slower* "
             "in the mirror case, else *within noise*. *cumulative* multiplies the kept gains beyond the noise "
             "(within noise counts x1.00). Input-bound shares come from a short profile of each rung (with "
