@@ -32,7 +32,7 @@ STAMP := $(VENV)/.installed-$(TF_EXTRA)
 SETUP_CONSTRAINTS := $(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)
 endif
 
-.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench ladder sweep-batch tune diagnose bench-diagnose tensorboard test test-fast test-container-stack lint clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench bench-check ladder sweep-batch tune diagnose bench-diagnose tensorboard test test-fast test-container-stack lint clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -72,6 +72,9 @@ compare: data ## Naive vs optimized on the same data and model: table + runs/com
 
 bench: data ## Naive vs optimized vs compute ceiling, interleaved trials -> runs/bench/bench.json
 	$(PY) -m train bench --scenario $(SCENARIO) $(ARGS)
+
+bench-check: data ## Check the benchmark harness: A/A and order checks, both scenarios -> runs/bench-check/
+	$(PY) -m train bench-check $(ARGS)
 
 ladder: data ## One optimization at a time from naive, each measured -> runs/ladder/ladder.{json,md,png}
 	$(PY) -m train ladder --scenario $(SCENARIO) $(ARGS)

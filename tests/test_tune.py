@@ -13,15 +13,17 @@ import yaml
 
 from tests.conftest import ROOT, data_sets, run_cli
 from train import config
-from train.benchmarks import tune
+from train.benchmarks import stats
+from train.benchmarks.tune import command, overlay, space
+from train.benchmarks.tune import search as search_lib
 
 SPREAD = (-1.0, -0.5, 0.0, 0.5, 1.0)  # inclusive quartiles at -0.5 and 0.5: IQR = 1 x the scale
 
 
-def comparison(gain: float, noise: float, reference_rate: float = 1000.0) -> tune.Comparison:
+def comparison(gain: float, noise: float, reference_rate: float = 1000.0) -> search_lib.Comparison:
     """Five rounds: A/A ratios with an IQR of `noise`; the candidate `gain` times the same pattern."""
     aa = [1 + noise * d for d in SPREAD]
-    return tune.Comparison(
+    return search_lib.Comparison(
         ratios=[gain * r for r in aa],
         aa_ratios=aa,
         reference_rate=reference_rate,
@@ -77,41 +79,41 @@ class FakeMeasure:
 
 def test_two_percent_faster_within_five_percent_noise_is_rejected():
     result = comparison(1.02, 0.05)
-    verdict = tune.judge(result.ratios, result.aa_ratios)
+    verdict = stats.judge(result.ratios, result.aa_ratios)
     assert verdict.noise == pytest.approx(0.05)
     assert verdict.threshold == pytest.approx(1.05)
-    assert not verdict.keep
+    assert not verdict.faster and verdict.word == "within noise"
 
 
 def test_thirty_percent_faster_within_five_percent_noise_is_kept():
     result = comparison(1.30, 0.05)
-    verdict = tune.judge(result.ratios, result.aa_ratios)
-    assert verdict.keep and verdict.gain == pytest.approx(1.30)
+    verdict = stats.judge(result.ratios, result.aa_ratios)
+    assert verdict.faster and verdict.gain.median == pytest.approx(1.30)
 
 
 def test_a_quiet_machine_still_needs_the_minimum_gain():
-    assert not tune.judge(comparison(1.02, 0.0).ratios, [1.0] * 5).keep  # 1 + max(0.03, 0)
-    assert tune.judge(comparison(1.05, 0.0).ratios, [1.0] * 5).keep
+    assert not stats.judge(comparison(1.02, 0.0).ratios, [1.0] * 5).faster  # 1 + max(0.03, 0)
+    assert stats.judge(comparison(1.05, 0.0).ratios, [1.0] * 5).faster
 
 
 def test_a_good_median_with_a_lower_quartile_below_one_is_rejected():
-    verdict = tune.judge([0.80, 0.95, 1.10, 1.12, 1.15], [1.0, 1.0, 1.0, 1.0, 1.0])
-    assert verdict.gain > verdict.threshold and verdict.q1 < 1 and not verdict.keep
+    verdict = stats.judge([0.80, 0.95, 1.10, 1.12, 1.15], [1.0, 1.0, 1.0, 1.0, 1.0])
+    assert verdict.gain.median > verdict.threshold and verdict.gain.q1 < 1 and not verdict.faster
 
 
 def test_the_shuffle_floor_is_ten_batches_and_at_least_a_thousand():
-    assert tune.shuffle_floor(256, 10_000) == 2560
-    assert tune.shuffle_floor(32, 10_000) == 1000
-    assert tune.shuffle_floor(256, 600) == 600  # never more than the training split
+    assert space.shuffle_floor(256, 10_000) == 2560
+    assert space.shuffle_floor(32, 10_000) == 1000
+    assert space.shuffle_floor(256, 600) == 600  # never more than the training split
 
 
 # -- the search ------------------------------------------------------------------------------------
 
 BASE = {"pipeline.parallel_calls": 1, "pipeline.prefetch": 0, "pipeline.private_threadpool_size": 0}
 KNOBS = [
-    tune.Knob("pipeline.parallel_calls", ["auto", 4]),
-    tune.Knob("pipeline.prefetch", ["auto"]),
-    tune.Knob("pipeline.private_threadpool_size", [2]),
+    space.Knob("pipeline.parallel_calls", ["auto", 4]),
+    space.Knob("pipeline.prefetch", ["auto"]),
+    space.Knob("pipeline.private_threadpool_size", [2]),
 ]
 FACTORS = {
     "pipeline.parallel_calls": {'"auto"': 1.5, "4": 1.48},  # 4 is no better than auto
@@ -121,7 +123,7 @@ FACTORS = {
 
 
 def search(measure, budget_s=1000.0, **kwargs):
-    return tune.search(
+    return search_lib.search(
         {},
         KNOBS,
         measure,
@@ -156,16 +158,25 @@ def test_search_stops_when_the_next_candidate_would_overrun_the_budget():
     assert found.stopped == "budget" and len(measure.calls) == 2 and measure.clock.now <= 50.0
 
 
-def test_a_candidate_that_fails_is_not_kept_and_the_search_goes_on():
+def failing(error: Exception):
     class Failing(FakeMeasure):
         def compare(self, reference, candidate, rounds, extra=None):
             if candidate.get("pipeline.parallel_calls") == "auto":
-                raise RuntimeError("cannot run here")
+                raise error
             return super().compare(reference, candidate, rounds, extra)
 
-    found = search(Failing(FACTORS, BASE))
-    assert found.trials[0]["skipped"].startswith("failed: RuntimeError")
+    return Failing(FACTORS, BASE)
+
+
+def test_a_candidate_that_cannot_run_here_is_not_kept_and_the_search_goes_on():
+    found = search(failing(search_lib.CandidateFailed("candidate: ResourceExhaustedError: out of memory")))
+    assert found.trials[0]["skipped"].startswith("failed: candidate: ResourceExhaustedError")
     assert found.best == {"pipeline.parallel_calls": 4, "pipeline.prefetch": "auto"}
+
+
+def test_a_programming_error_stops_the_search_instead_of_failing_a_candidate():
+    with pytest.raises(TypeError, match="a bug"):
+        search(failing(TypeError("a bug")))
 
 
 def test_candidates_the_vet_refuses_are_skipped_unmeasured():
@@ -179,7 +190,7 @@ def test_candidates_the_vet_refuses_are_skipped_unmeasured():
 
 
 def run(measure, tmp_path, base=BASE, knobs=KNOBS, start=None, **kwargs):
-    return tune.run(
+    return command.run(
         start or {},
         base,
         knobs,
@@ -230,7 +241,7 @@ def test_ctrl_c_during_the_final_check_writes_with_a_note(tmp_path):
 def test_nothing_is_written_when_tuned_is_not_faster_in_the_final_check(tmp_path):
     earlier = "# an earlier tune\npipeline:\n  prefetch: 2\n"
     (tmp_path / "tuned.yaml").write_text(earlier)
-    knobs = [tune.Knob("pipeline.parallel_calls", ["auto"])]
+    knobs = [space.Knob("pipeline.parallel_calls", ["auto"])]
     measure = FakeMeasure(script=[comparison(1.3, 0.01), comparison(1.01, 0.04)])
     result = run(measure, tmp_path, knobs=knobs)
     assert result["trials"][0]["kept"] and result["final"] and not result["final"]["faster"]
@@ -253,12 +264,12 @@ def test_the_overlay_holds_only_changed_knobs_and_loads_through_config_validatio
     preset = ROOT / "configs/optimized.yaml"
     cfg = config.load(preset)
     knobs = [
-        tune.Knob("pipeline.parallel_calls", [4]),
-        tune.Knob("pipeline.prefetch", ["auto"]),  # the preset's own value: never a change
-        tune.Knob("train.steps_per_execution", [16]),
-        tune.Knob("pipeline.max_intra_op_parallelism", [0]),
+        space.Knob("pipeline.parallel_calls", [4]),
+        space.Knob("pipeline.prefetch", ["auto"]),  # the preset's own value: never a change
+        space.Knob("train.steps_per_execution", [16]),
+        space.Knob("pipeline.max_intra_op_parallelism", [0]),
     ]
-    base = {k.key: tune._get(cfg, k.key) for k in knobs}
+    base = {k.key: space.get(cfg, k.key) for k in knobs}
     measure = FakeMeasure(
         script=[comparison(1.2, 0.01), comparison(1.1, 0.01), comparison(1.0, 0.01)] + [comparison(1.3, 0.01)]
     )
@@ -277,13 +288,49 @@ def test_the_overlay_holds_only_changed_knobs_and_loads_through_config_validatio
     assert tuned.model == cfg.model and tuned.train.epochs == cfg.train.epochs  # what is learned stays
 
 
+def test_a_ctrl_c_in_the_final_check_writes_whatever_its_note_says(tmp_path, monkeypatch):
+    """What is written follows the final check's outcome, never the wording of a message."""
+    monkeypatch.setitem(command.NOTES, command.Final.INTERRUPTED, "the check was cut short")
+    result = run(FakeMeasure(FACTORS, BASE, interrupt_after=5), tmp_path)
+    assert result["final_outcome"] == "interrupted" and result["note"] == "the check was cut short"
+    assert yaml.safe_load((tmp_path / "tuned.yaml").read_text()) == {
+        "pipeline": {"parallel_calls": "auto", "prefetch": "auto"}
+    }
+
+
+def tuned_result(config_path: str, overrides=(), user_overlays=()):
+    return {
+        "overlay": {"pipeline": {"parallel_calls": "auto", "cache": "memory"}},
+        "tuned_path": "configs/tuned.yaml",
+        "scenario_overlays": ["configs/scenarios/cpu.yaml"],
+        "user_overlays": list(user_overlays),
+        "overrides": list(overrides),
+        "config_path": config_path,
+    }
+
+
+def test_the_next_step_trains_the_optimized_preset_with_the_overlay_under_its_scenario():
+    line = overlay.train_command(tuned_result("configs/optimized.yaml", ["pipeline.parallel_calls=1", "model.width=8"]))
+    assert line == (
+        'make train-optimized ARGS="--overlay configs/scenarios/cpu.yaml --overlay configs/tuned.yaml '
+        '--set model.width=8"'
+    )  # the --set the overlay tuned is left out: it would override the tuned value
+
+
+def test_the_next_step_trains_the_config_that_was_tuned_not_the_optimized_preset():
+    line = overlay.train_command(tuned_result("configs/naive.yaml", ["train.epochs=3"], ["mine.yaml"]))
+    assert line.startswith("python -m train fit --config configs/naive.yaml ")
+    assert "--overlay mine.yaml --overlay configs/tuned.yaml --set train.epochs=3" in line
+    assert "train-optimized" not in line
+
+
 def test_read_tuned_flattens_an_overlay(tmp_path):
     path = tmp_path / "tuned.yaml"
     path.write_text("# Written by make tune\n# machine: x\npipeline:\n  cache: memory\ntrain:\n  jit_compile: true\n")
-    state, header = tune.read_tuned(path)
+    state, header = overlay.read_tuned(path)
     assert state == {"pipeline.cache": "memory", "train.jit_compile": True}
     assert "machine: x" in header
-    assert tune.nest(state) == {"pipeline": {"cache": "memory"}, "train": {"jit_compile": True}}
+    assert overlay.nest(state) == {"pipeline": {"cache": "memory"}, "train": {"jit_compile": True}}
 
 
 # -- the real command ------------------------------------------------------------------------------
@@ -323,8 +370,8 @@ def test_tune_finds_a_real_improvement_from_a_mis_set_start_and_a_second_run_sta
     assert kept, json.dumps(report["trials"], indent=1)[-3000:]
     assert report["final"]["faster"] and report["final"]["gain"] > 1.03
     assert {row["knob"] for row in report["trials"]} <= {"pipeline.cache", "train.steps_per_execution"}
-    overlay = yaml.safe_load(tuned.read_text())
-    assert tune.flatten(overlay) == {row["knob"]: row["value"] for row in kept}
+    written = yaml.safe_load(tuned.read_text())
+    assert overlay.flatten(written) == {row["knob"]: row["value"] for row in kept}
     loaded = config.load(ROOT / "configs/optimized.yaml", [s for s in data_sets(tiny_data_dir)], layers=[tuned])
     assert loaded.model.name == "resnet" and loaded.pipeline.random_crop is False
     for name in ("tune.md", "tune.png"):
@@ -337,15 +384,15 @@ def test_tune_finds_a_real_improvement_from_a_mis_set_start_and_a_second_run_sta
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"Starting from {tuned}" in again.stdout
     second = json.loads((out / "tune.json").read_text())
-    assert second["start"] == tune.flatten(overlay) and second["stopped"] == "budget"
+    assert second["start"] == overlay.flatten(written) and second["stopped"] == "budget"
     assert tuned.read_text() == before
 
 
 def test_an_earlier_best_is_not_measured_again():
-    knobs = [tune.Knob("pipeline.cache", ["memory", "none"])]
+    knobs = [space.Knob("pipeline.cache", ["memory", "none"])]
     base = {"pipeline.cache": "none"}
     measure = FakeMeasure({"pipeline.cache": {'"memory"': 1.5}}, base)
-    found = tune.search(
+    found = search_lib.search(
         {}, knobs, measure, rounds=5, deadline=1e9, first_guess_s=1.0, base=base, say=lambda line: None, progress=False
     )
     assert found.best == {"pipeline.cache": "memory"}

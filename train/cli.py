@@ -29,16 +29,28 @@ def _config_args(parser: argparse.ArgumentParser, default: str | None = "configs
     )
 
 
+def _scenario_arg(parser: argparse.ArgumentParser, default: str = "auto", what: str = "every variant") -> None:
+    parser.add_argument(
+        "--scenario",
+        default=default,
+        help=f"overlay for {what}: auto (the CPU scenario when no GPU is found), none, a name in "
+        "configs/scenarios/ (larger_than_memory) or a YAML (default: %(default)s)",
+    )
+
+
+def _trial_args(parser: argparse.ArgumentParser, defaults, rounds_help: str = "interleaved rounds") -> None:
+    """--trials and --seconds, with the command's own defaults (train.benchmarks.options)."""
+    parser.add_argument("--trials", type=int, default=defaults.rounds, help=f"{rounds_help} (default: %(default)s)")
+    parser.add_argument(
+        "--seconds", type=float, default=defaults.seconds, help="minimum seconds per trial (default: %(default)s)"
+    )
+
+
 def _scenario_args(parser: argparse.ArgumentParser, out: str) -> None:
     """Options shared by the commands that run naive and optimized side by side."""
     parser.add_argument("--naive", default="configs/naive.yaml")
     parser.add_argument("--optimized", default="configs/optimized.yaml")
-    parser.add_argument(
-        "--scenario",
-        default="auto",
-        help="overlay for every variant: auto (the CPU scenario when no GPU is found), none, a name in "
-        "configs/scenarios/ (larger_than_memory) or a YAML",
-    )
+    _scenario_arg(parser)
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -48,6 +60,55 @@ def _scenario_args(parser: argparse.ArgumentParser, out: str) -> None:
         help="override applied to every variant (repeatable), e.g. --set model.width=32",
     )
     parser.add_argument("--out", default=out, help="output folder (default: %(default)s)")
+
+
+def _variants(args):
+    from train.benchmarks import options
+
+    return options.Variants(args.scenario, args.naive, args.optimized, tuple(args.overrides))
+
+
+def _trials(args):
+    from train.benchmarks import options
+
+    defaults = options.LadderOptions.TRIALS  # bench-check given only one of the two
+    return options.Trials(args.trials or defaults.rounds, args.seconds or defaults.seconds)
+
+
+def benchmark_options(args):
+    """The typed options of a benchmark command (train/benchmarks/options.py), from its arguments."""
+    from pathlib import Path
+
+    from train.benchmarks import options
+
+    out = Path(args.out)
+    if args.command == "compare":
+        return options.CompareOptions(_variants(args), out)
+    if args.command == "bench":
+        return options.BenchOptions(_variants(args), _trials(args), tuple(args.data_service_workers), out)
+    if args.command == "ladder":
+        return options.LadderOptions(_variants(args), _trials(args), args.ladder, out)
+    if args.command == "sweep-batch":
+        return options.SweepOptions(_variants(args), _trials(args), args.min, args.max, out)
+    if args.command == "bench-check":
+        scenarios = tuple(args.scenario or options.CheckOptions.scenarios)
+        given = None if args.trials is None and args.seconds is None else _trials(args)
+        return options.CheckOptions(scenarios, tuple(args.overrides), given, out)
+    return options.TuneOptions(
+        config=args.config,
+        overlays=tuple(args.overlay),
+        overrides=tuple(args.overrides),
+        scenario=args.scenario,
+        minutes=args.minutes,
+        batch=args.batch,
+        trials=_trials(args),
+        final_rounds=args.final_trials,
+        only=tuple(args.only),
+        tuned=Path(args.tuned),
+        fresh=args.fresh,
+        reference=args.reference,
+        out=out,
+    )
 
 
 def _load(args):
@@ -103,11 +164,12 @@ def cmd_fit(args) -> int:
 
 
 def _benchmark(module: str, args) -> int:
-    """Run train.benchmarks.<module>.main(args), TensorFlow imported without its start-up log."""
+    """Run train.benchmarks.<module>.main(options), TensorFlow imported without its start-up log."""
     import importlib
 
+    opts = benchmark_options(args)
     import_tensorflow()
-    return importlib.import_module(f"train.benchmarks.{module}").main(args)
+    return importlib.import_module(f"train.benchmarks.{module}").main(opts)
 
 
 def cmd_compare(args) -> int:
@@ -116,6 +178,10 @@ def cmd_compare(args) -> int:
 
 def cmd_bench(args) -> int:
     return _benchmark("bench", args)
+
+
+def cmd_bench_check(args) -> int:
+    return _benchmark("check", args)
 
 
 def cmd_ladder(args) -> int:
@@ -255,6 +321,109 @@ def cmd_lint(args) -> int:
     return lint.main(args.dockerfile, args.compose_file, args.code)
 
 
+def _add_benchmark_commands(commands) -> None:
+    """compare, bench, bench-check, ladder, sweep-batch (defaults: train/benchmarks/options.py)."""
+    from train.benchmarks import options
+
+    compare = commands.add_parser("compare", help="train naive and optimized on the same data and model, report")
+    _scenario_args(compare, out="runs/compare")
+    compare.set_defaults(func=cmd_compare)
+
+    bench = commands.add_parser("bench", help="naive vs optimized vs the compute ceiling: interleaved trials")
+    _scenario_args(bench, out="runs/bench")
+    _trial_args(bench, options.BenchOptions.TRIALS)
+    bench.add_argument(
+        "--data-service-workers",
+        type=int,
+        nargs="*",
+        default=list(options.BenchOptions.data_service_workers),
+        metavar="N",
+        help="also run the optimized pipeline on a local tf.data service with N workers "
+        "(default: 1 2; the flag with no N skips them)",
+    )
+    bench.set_defaults(func=cmd_bench)
+
+    check = commands.add_parser(
+        "bench-check", help="check the benchmark harness: A/A and order checks of bench, ladder and tune's pairing"
+    )
+    check.add_argument(
+        "--scenario",
+        action="append",
+        help="a scenario to check (repeatable; default: " + " and ".join(options.CheckOptions.scenarios) + ")",
+    )
+    check.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant"
+    )
+    check.add_argument("--trials", type=int, help="rounds of every check (default: each command's own)")
+    check.add_argument("--seconds", type=float, help="minimum seconds per trial (default: each command's own)")
+    check.add_argument("--out", default=str(options.CheckOptions.out), help="output folder (default: %(default)s)")
+    check.set_defaults(func=cmd_bench_check)
+
+    ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
+    _scenario_args(ladder, out="runs/ladder")
+    ladder.add_argument(
+        "--ladder",
+        help="the rungs (default: configs/ladder/<scenario>.yaml for a named scenario that has one, else "
+        "configs/ladder/ladder.yaml)",
+    )
+    _trial_args(ladder, options.LadderOptions.TRIALS, "paired rounds per rung")
+    ladder.set_defaults(func=cmd_ladder)
+
+    sweep = commands.add_parser("sweep-batch", help="throughput and utilization against batch size")
+    _scenario_args(sweep, out="runs/sweep-batch")
+    sweep.add_argument(
+        "--min", type=int, default=options.SweepOptions.min_batch, help="smallest batch (default: %(default)s)"
+    )
+    sweep.add_argument(
+        "--max", type=int, default=options.SweepOptions.max_batch, help="largest batch to try (default: %(default)s)"
+    )
+    _trial_args(sweep, options.SweepOptions.TRIALS, "trials per batch size")
+    sweep.set_defaults(func=cmd_sweep)
+
+
+def _add_tune_command(commands) -> None:
+    from train.benchmarks import options
+
+    tune = commands.add_parser(
+        "tune", help="search the speed knobs (not what is learned) for this data and machine -> configs/tuned.yaml"
+    )
+    _config_args(tune)
+    _scenario_arg(tune, what="the config, under --overlay")
+    tune.add_argument(
+        "--minutes",
+        type=float,
+        default=options.TuneOptions.minutes,
+        help="budget for search and final check (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--batch",
+        action="store_true",
+        help="also search pipeline.batch_size, scaling train.learning_rate linearly (changes what is learned)",
+    )
+    _trial_args(tune, options.TuneOptions.TRIALS, "interleaved rounds per candidate")
+    tune.add_argument(
+        "--final-trials",
+        type=int,
+        default=options.TuneOptions.final_rounds,
+        help="rounds of the final check (default: %(default)s)",
+    )
+    tune.add_argument("--only", action="append", default=[], metavar="KEY", help="search only this knob (repeatable)")
+    tune.add_argument(
+        "--tuned",
+        default=str(options.TuneOptions.tuned),
+        help="the overlay to start from when it exists and to write (default: %(default)s)",
+    )
+    tune.add_argument("--fresh", action="store_true", help="ignore an existing --tuned overlay at the start")
+    tune.add_argument(
+        "--reference",
+        metavar="YAML",
+        help="also measure this preset in the final check's rounds, with the scenario but without --overlay/--set, "
+        "e.g. configs/optimized.yaml",
+    )
+    tune.add_argument("--out", default=str(options.TuneOptions.out), help="output folder (default: %(default)s)")
+    tune.set_defaults(func=cmd_tune)
+
+
 def build_parser() -> argparse.ArgumentParser:
     prog = "gpu-template" if os.path.basename(sys.argv[0]) == "gpu-template" else "python -m train"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
@@ -279,80 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.set_defaults(func=cmd_fit)
 
-    compare = commands.add_parser("compare", help="train naive and optimized on the same data and model, report")
-    _scenario_args(compare, out="runs/compare")
-    compare.set_defaults(func=cmd_compare)
-
-    bench = commands.add_parser("bench", help="naive vs optimized vs the compute ceiling: interleaved trials")
-    _scenario_args(bench, out="runs/bench")
-    bench.add_argument("--trials", type=int, default=9, help="trials per variant (default: %(default)s)")
-    bench.add_argument("--seconds", type=float, default=3.0, help="minimum seconds per trial (default: %(default)s)")
-    bench.add_argument(
-        "--data-service-workers",
-        type=int,
-        nargs="*",
-        default=[1, 2],
-        metavar="N",
-        help="also run the optimized pipeline on a local tf.data service with N workers "
-        "(default: 1 2; the flag with no N skips them)",
-    )
-    bench.set_defaults(func=cmd_bench)
-
-    ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
-    _scenario_args(ladder, out="runs/ladder")
-    ladder.add_argument(
-        "--ladder",
-        help="the rungs (default: configs/ladder/<scenario>.yaml for a named scenario that has one, else "
-        "configs/ladder/ladder.yaml)",
-    )
-    ladder.add_argument("--trials", type=int, default=5, help="paired trials per rung (default: %(default)s)")
-    ladder.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per trial (default: %(default)s)")
-    ladder.set_defaults(func=cmd_ladder)
-
-    tune = commands.add_parser(
-        "tune", help="search the speed knobs (not what is learned) for this data and machine -> configs/tuned.yaml"
-    )
-    _config_args(tune)
-    tune.add_argument(
-        "--scenario",
-        default="auto",
-        help="overlay applied under --overlay: auto (the CPU scenario when no GPU is found), none, a name in "
-        "configs/scenarios/ or a YAML",
-    )
-    tune.add_argument(
-        "--minutes", type=float, default=10.0, help="budget for search and final check (default: %(default)s)"
-    )
-    tune.add_argument(
-        "--batch",
-        action="store_true",
-        help="also search pipeline.batch_size, scaling train.learning_rate linearly (changes what is learned)",
-    )
-    tune.add_argument("--trials", type=int, default=5, help="interleaved rounds per candidate (default: %(default)s)")
-    tune.add_argument("--final-trials", type=int, default=9, help="rounds of the final check (default: %(default)s)")
-    tune.add_argument("--seconds", type=float, default=1.0, help="minimum seconds per trial (default: %(default)s)")
-    tune.add_argument("--only", action="append", default=[], metavar="KEY", help="search only this knob (repeatable)")
-    tune.add_argument(
-        "--tuned",
-        default="configs/tuned.yaml",
-        help="the overlay to start from when it exists and to write (default: %(default)s)",
-    )
-    tune.add_argument("--fresh", action="store_true", help="ignore an existing --tuned overlay at the start")
-    tune.add_argument(
-        "--reference",
-        metavar="YAML",
-        help="also measure this preset in the final check's rounds, with the scenario but without --overlay/--set, "
-        "e.g. configs/optimized.yaml",
-    )
-    tune.add_argument("--out", default="runs/tune", help="output folder (default: %(default)s)")
-    tune.set_defaults(func=cmd_tune)
-
-    sweep = commands.add_parser("sweep-batch", help="throughput and utilization against batch size")
-    _scenario_args(sweep, out="runs/sweep-batch")
-    sweep.add_argument("--min", type=int, default=16, help="smallest batch (default: %(default)s)")
-    sweep.add_argument("--max", type=int, default=2048, help="largest batch to try (default: %(default)s)")
-    sweep.add_argument("--trials", type=int, default=3, help="trials per batch size (default: %(default)s)")
-    sweep.add_argument("--seconds", type=float, default=2.0, help="minimum seconds per trial (default: %(default)s)")
-    sweep.set_defaults(func=cmd_sweep)
+    _add_benchmark_commands(commands)
+    _add_tune_command(commands)
 
     diagnose = commands.add_parser("diagnose", help="verdict and recommendations for any log folder with a profile")
     diagnose.add_argument("logdir", help="a TensorBoard log folder (searched recursively for plugins/profile)")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from train import scenario as scenario_lib
 from train.benchmarks import report, trials
-from train.core.errors import Stopped, UserError
+from train.benchmarks.options import CompareOptions
+from train.core.errors import RunFailed, Stopped, UserError
 
 
 def fit_in_subprocess(config_path: str, overlays: list[str], overrides: list[str]) -> None:
@@ -40,23 +41,27 @@ def fit_in_subprocess(config_path: str, overlays: list[str], overrides: list[str
             "resume it (finished runs are trained again).",
             code,
         )
-    if code != 0:
-        raise UserError(
-            f"Training {config_path} failed (exit {code}); its output is above. "
-            f"Rerun it alone with: python {' '.join(command[1:])}"
-        )
+    if code == 0:
+        return
+    message = (
+        f"Training {config_path} failed (exit {code}); its output is above. "
+        f"Rerun it alone with: python {' '.join(command[1:])}"
+    )
+    # A config the run refused (exit 2) stays a config error; anything else (a run that failed, exit 3:
+    # a stall, a lost peer; or a crash) is a failed run, exit 3, so scripts can tell the two apart.
+    raise UserError(message) if code == 2 else RunFailed(message)
 
 
-def main(args) -> int:
-    scenario = scenario_lib.resolve(args.scenario)
-    out = Path(args.out)
-    presets = {"naive": args.naive, "optimized": args.optimized}
-    overrides = list(args.overrides) + [f"runs_dir={out}"]
+def main(opts: CompareOptions) -> int:
+    scenario = scenario_lib.resolve(opts.variants.scenario)
+    out = Path(opts.out)
+    presets = {"naive": opts.variants.naive, "optimized": opts.variants.optimized}
+    overrides = list(opts.variants.overrides) + [f"runs_dir={out}"]
     configs = {name: scenario.load(path, overrides, name=name) for name, path in presets.items()}
     naive, optimized = configs["naive"], configs["optimized"]
     if naive.data != optimized.data or naive.model != optimized.model:
         raise UserError(
-            f"{args.naive} and {args.optimized} must train the same data and model to be compared; "
+            f"{opts.variants.naive} and {opts.variants.optimized} must train the same data and model to be compared; "
             f"they differ in {'data' if naive.data != optimized.data else 'model'}. "
             "Put data and model in the shared base preset (configs/base.yaml)."
         )

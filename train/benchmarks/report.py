@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from train.benchmarks import charts, stats
 from train.core import files
 
 FIELDS = (
@@ -72,7 +73,7 @@ def build(runs: dict[str, dict], scenario: str | None, baseline: str = "naive", 
         "scenario": scenario,
         "dataset": first.get("dataset"),
         "model": first.get("model"),
-        "speedup": best / base if base and best else None,
+        "speedup": stats.ratio(best, base),  # one run each, not paired rounds: make bench pairs them
         "runs": rows,
     }
 
@@ -180,11 +181,7 @@ CHART_METRICS = (  # (key in the run's row, bar label) of the utilization panel
 
 
 def chart(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = charts.pyplot()
     names = list(report["runs"])
     runs = [report["runs"][n] for n in names]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
@@ -233,8 +230,7 @@ def chart(report: dict, path: Path) -> None:
     fig.tight_layout(rect=(0, 0.05 * len(notes), 1, 1))
     for index, note in enumerate(notes):
         fig.text(0.01, 0.01 + 0.04 * index, note, fontsize=7, wrap=True)
-    files.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
-    plt.close(fig)
+    charts.save(fig, path)
 
 
 def write(out_dir: Path, report: dict) -> None:

@@ -13,7 +13,8 @@ import gc
 from pathlib import Path
 
 from train import scenario as scenario_lib
-from train.benchmarks import trials
+from train.benchmarks import charts, trials
+from train.benchmarks.options import SweepOptions
 from train.core import files
 from train.core.outputs import SWEEP_RESULT
 from train.measure.monitor import Sampler
@@ -26,22 +27,58 @@ def _is_oom(error: Exception) -> bool:
     return isinstance(error, tf.errors.ResourceExhaustedError) or "out of memory" in str(error).lower()
 
 
-def main(args) -> int:
-    scenario = scenario_lib.resolve(args.scenario)
-    base = scenario.load(args.optimized, args.overrides, name="sweep")
-    out = Path(args.out)
+def measure_batch(batch: int, cfg, spec, found, opts: SweepOptions, out: Path) -> dict:
+    """Trials, CPU/GPU utilization and a short profile of one batch size; an out-of-memory error is a point too."""
+    sampler = Sampler(interval_s=0.2)
+    try:
+        variant = trials.prepare(f"batch {batch}", cfg, spec, found)
+        sampler.start()
+        for _ in range(opts.trials.rounds):
+            variant.trial(opts.trials.seconds)
+        sampler.stop()
+        profile = variant.profile(out / "profiles" / f"batch_{batch}", num_steps=6)
+    except Exception as error:  # only an out-of-memory error ends the sweep quietly
+        sampler.stop()
+        if not _is_oom(error):
+            raise
+        print(f"  batch {batch}: out of memory", flush=True)
+        return {"batch_size": batch, "status": "out of memory"}
+    usage = sampler.summary()
+    rates = variant.stats()
+    print(
+        f"  batch {batch}: {rates['median']:,.0f} examples/s ({rates['min']:,.0f}-{rates['max']:,.0f})"
+        + (f", {profile['input_bound_percent']:.1f}% waiting for input" if profile else ""),
+        flush=True,
+    )
+    del variant
+    gc.collect()
+    return {
+        "batch_size": batch,
+        "status": "ok",
+        "examples_per_sec": rates,
+        "input_bound_percent": profile["input_bound_percent"] if profile else None,
+        "device_busy_percent": profile["device_busy_percent"] if profile else None,
+        "cpu_utilization_percent": (usage["cpu_utilization_percent"] or {}).get("mean"),
+        "gpu_utilization_percent": usage["gpu_utilization_percent"],
+    }
+
+
+def main(opts: SweepOptions) -> int:
+    scenario = scenario_lib.resolve(opts.variants.scenario)
+    base = scenario.load(opts.variants.optimized, list(opts.variants.overrides), name="sweep")
+    out = Path(opts.out)
     spec, found = trials.begin(scenario, [base], out, clean=True)
-    sizes, size = [], args.min
-    while size <= args.max:
+    sizes, size = [], opts.min_batch
+    while size <= opts.max_batch:
         sizes.append(size)
         size *= 2
     print(
-        f"Device: {found.describe()}. Batch sizes {sizes[0]}..{sizes[-1]}, {args.trials} trials of "
-        f">= {args.seconds:g} s each after warm-up.",
+        f"Device: {found.describe()}. Batch sizes {sizes[0]}..{sizes[-1]}, {opts.trials.rounds} trials of "
+        f">= {opts.trials.seconds:g} s each after warm-up.",
         flush=True,
     )
 
-    points, largest, stop_reason = [], None, f"reached --max {args.max}"
+    points, largest, stop_reason = [], None, f"reached --max {opts.max_batch}"
     replicas = setup.make_strategy(setup.resolve(base, found, spec)[0]).num_replicas_in_sync
     for batch in sizes:
         if batch * replicas > spec.num_train:
@@ -50,45 +87,16 @@ def main(args) -> int:
             )
             break
         cfg = scenario.load(
-            args.optimized, list(args.overrides) + [f"pipeline.batch_size={batch}"], name=f"batch_{batch}"
+            opts.variants.optimized,
+            list(opts.variants.overrides) + [f"pipeline.batch_size={batch}"],
+            name=f"batch_{batch}",
         )
-        sampler = Sampler(interval_s=0.2)
-        try:
-            variant = trials.prepare(f"batch {batch}", cfg, spec, found)
-            sampler.start()
-            for _ in range(args.trials):
-                variant.trial(args.seconds)
-            sampler.stop()
-            profile = variant.profile(out / "profiles" / f"batch_{batch}", num_steps=6)
-        except Exception as error:  # only an out-of-memory error ends the sweep quietly
-            sampler.stop()
-            if not _is_oom(error):
-                raise
+        point = measure_batch(batch, cfg, spec, found, opts, out)
+        points.append(point)
+        if point["status"] != "ok":
             stop_reason = f"batch {batch} ran out of memory"
-            points.append({"batch_size": batch, "status": "out of memory"})
-            print(f"  batch {batch}: out of memory", flush=True)
             break
-        usage = sampler.summary()
-        stats = variant.stats()
-        points.append(
-            {
-                "batch_size": batch,
-                "status": "ok",
-                "examples_per_sec": stats,
-                "input_bound_percent": profile["input_bound_percent"] if profile else None,
-                "device_busy_percent": profile["device_busy_percent"] if profile else None,
-                "cpu_utilization_percent": (usage["cpu_utilization_percent"] or {}).get("mean"),
-                "gpu_utilization_percent": usage["gpu_utilization_percent"],
-            }
-        )
         largest = batch
-        print(
-            f"  batch {batch}: {stats['median']:,.0f} examples/s ({stats['min']:,.0f}-{stats['max']:,.0f})"
-            + (f", {profile['input_bound_percent']:.1f}% waiting for input" if profile else ""),
-            flush=True,
-        )
-        del variant
-        gc.collect()
 
     ok = [p for p in points if p["status"] == "ok"]
     best = max(ok, key=lambda p: p["examples_per_sec"]["median"]) if ok else None
@@ -111,11 +119,7 @@ def main(args) -> int:
 
 
 def chart(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = charts.pyplot()
     ok = [p for p in result["points"] if p["status"] == "ok"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
     xs = [p["batch_size"] for p in ok]
@@ -143,8 +147,7 @@ def chart(result: dict, path: Path) -> None:
     right.legend(fontsize=8)
     fig.suptitle(f"{result['device']} - model {result['model']}", fontsize=9)
     fig.tight_layout()
-    files.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
-    plt.close(fig)
+    charts.save(fig, path)
 
 
 def write_tensorboard(out: Path, points: list[dict]) -> None:

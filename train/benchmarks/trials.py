@@ -1,17 +1,17 @@
-"""Benchmark trials: warm-up excluded, repeated, interleaved, medians and spreads.
+"""Benchmark trials: one variant made ready to run, warm-up excluded, measured trial by trial.
 
 A `Variant` is one config made ready to run: its pipeline, its compiled model and one
 iterator that lives across trials (so caches stay filled and no trial pays for starting
 or tearing down a pipeline). A trial calls the model's compiled train function, the same
-one `model.fit` calls each step, for at least `seconds` and returns examples/s. Variants
-are measured in turns (A B C, B C A, ...) so slow drifts of a shared machine hit them all.
+one `model.fit` calls each step, for at least `seconds` and returns examples/s. The
+benchmarks run each Variant in a process of its own (worker.py, isolated.py), so that
+variants measured in turns cannot disturb each other; `begin` sets a benchmark up.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from train import scenario as scenario_lib
 from train import sources
+from train.benchmarks import stats
 from train.config import Config
 from train.diagnose import analysis
 from train.input import pipeline
@@ -28,6 +29,7 @@ from train.training import devices, setup
 
 PREROLL_S = 0.25  # untimed steps before each trial ...
 PREROLL_CALLS = 2  # ... and at least this many executions
+EPOCH_ALIGN_MAX_S = 20.0  # trials run whole epochs when one takes at most this long
 
 
 @dataclasses.dataclass
@@ -40,6 +42,8 @@ class Variant:
     batch_size: int  # the global batch: examples per step over every replica
     description: str
     samples: list[float] = dataclasses.field(default_factory=list)
+    warmup_seconds: float = 0.0
+    epoch_calls: int = 0  # executions per epoch of the training split (0: not known)
 
     @property
     def replicas(self) -> int:
@@ -59,24 +63,38 @@ class Variant:
         return time.perf_counter() - started
 
     def trial(self, seconds: float, min_calls: int = 3) -> float:
-        """examples/s over at least `seconds` (and `min_calls` executions), after a short untimed
-        pre-roll: while the other variants ran, this pipeline filled its prefetch buffers for free,
-        and a long-running one (whose autotuned buffers have grown) would otherwise start each
-        trial with a head start. Measured on the ladder: each new rung read 30-50 % slower as the
-        candidate than in the next rung, where it was the long-running base."""
+        """examples/s over at least `seconds` (and `min_calls` executions) and whole epochs, after a
+        short untimed pre-roll. In a worker that was stopped while other variants ran (isolated.py),
+        the pre-roll lets its threads resume; where a variant shares a process with others, it
+        drains what its pipeline prepared while they ran (a head start, not the steady state).
+
+        Whole epochs where one takes at most EPOCH_ALIGN_MAX_S: the cost of a step is not the same
+        across an epoch (a shuffle buffer refills by decoding at the start of each epoch and drains
+        without decoding at its end: the naive pipeline's half-second trials read 260 to 2,200
+        images/s), and a trial of whole epochs sees every part of it once.
+        """
         started, drained = time.perf_counter(), 0
         while time.perf_counter() - started < PREROLL_S or drained < PREROLL_CALLS:
             self.run(1)
             drained += 1
         calls, elapsed, chunk = 0, 0.0, 1
-        while elapsed < seconds or calls < min_calls:
-            took = self.run(chunk)
-            elapsed, calls = elapsed + took, calls + chunk
+        while elapsed < seconds or calls < min_calls or not self._whole_epochs(calls, elapsed):
+            step = min(chunk, self._to_epoch_end(calls)) if elapsed >= seconds else chunk
+            took = self.run(step)
+            elapsed, calls = elapsed + took, calls + step
             if took < 0.25:  # grow chunks to about 0.25 s: one host sync per chunk, not per step
-                chunk = max(chunk, int(chunk * 0.25 / max(took, 1e-6)))
+                chunk = max(chunk, int(step * 0.25 / max(took, 1e-6)))
         rate = calls * self.steps_per_call * self.batch_size / elapsed
         self.samples.append(rate)
         return rate
+
+    def _whole_epochs(self, calls: int, elapsed: float) -> bool:
+        if not self.epoch_calls or not calls or self.epoch_calls * elapsed / calls > EPOCH_ALIGN_MAX_S:
+            return True
+        return calls % self.epoch_calls == 0
+
+    def _to_epoch_end(self, calls: int) -> int:
+        return (self.epoch_calls - calls % self.epoch_calls) if self.epoch_calls else 1 << 30
 
     def profile(self, logdir: Path, num_steps: int = 8) -> dict | None:
         """A short profile with step markers, analysed by xprof; None when it cannot be read."""
@@ -94,17 +112,7 @@ class Variant:
             return None
 
     def stats(self) -> dict:
-        return summarize(self.samples)
-
-
-def summarize(samples: list[float]) -> dict:
-    return {
-        "median": statistics.median(samples) if samples else None,
-        "min": min(samples) if samples else None,
-        "max": max(samples) if samples else None,
-        "trials": len(samples),
-        "samples": samples,
-    }
+        return stats.summarize(self.samples)
 
 
 def training_pipeline(made: setup.Plan, spec: DatasetSpec):
@@ -119,6 +127,28 @@ def training_pipeline(made: setup.Plan, spec: DatasetSpec):
     )
 
 
+SETTLE_WINDOW_S = 1.0  # warm-up goes on in windows of this length ...
+SETTLE_GAIN = 0.05  # ... while a window is this much faster than every window before it ...
+SETTLE_MAX_S = 30.0  # ... for at most this long in all
+
+
+def settle(variant: Variant, deadline: float) -> None:
+    """Run until the variant stops getting faster: a fresh pipeline's autotuning raises its parallelism
+    and buffers over seconds (a fresh larger-than-memory pipeline ran at 330-380 images/s for 4 s,
+    1,200 once settled), and a variant measured before it has settled reads slower as a new
+    candidate than it does later as a long-running base."""
+    best = 0.0
+    while time.perf_counter() < deadline:
+        window, calls, began = 0.0, 0, time.perf_counter()
+        while window < SETTLE_WINDOW_S or calls < 3:
+            window += variant.run(1)
+            calls += 1
+        rate = calls / (time.perf_counter() - began)
+        if rate <= best * (1 + SETTLE_GAIN):
+            return
+        best = max(best, rate)
+
+
 def prepare(
     name: str,
     cfg: Config,
@@ -131,8 +161,9 @@ def prepare(
 ) -> Variant:
     """Set up (as a run is: training/setup.py), compile and warm up one variant.
 
-    Warm-up runs at least one full epoch when the pipeline caches (the cache fills there) and
-    at least `warmup_seconds`, so tracing, compilation and autotuning are all behind it.
+    Warm-up runs at least one full epoch when the pipeline caches (the cache fills there), at
+    least `warmup_seconds`, then until the variant stops getting faster (`settle`), so tracing,
+    compilation and autotuning are all behind it.
     `ceiling=True` feeds the model one batch of real examples repeated from memory: the
     same model with zero input cost. A config with several replicas (train.strategy: mirrored)
     really runs on them: the batches are distributed like `model.fit` distributes them.
@@ -168,9 +199,12 @@ def prepare(
     )
     caches = knobs.cache != "none" and not ceiling  # the first epoch fills it
     started = time.perf_counter()
+    variant.epoch_calls = 0 if ceiling else epoch_calls
     variant.run(epoch_calls + 1 if caches else 3)
     while time.perf_counter() - started < warmup_seconds:
         variant.run(1)
+    settle(variant, started + SETTLE_MAX_S)
+    variant.warmup_seconds = time.perf_counter() - started
     log(
         f"  ready: {name} ({description}; precision {choices.precision}, XLA {choices.jit_compile}, "
         f"{choices.steps_per_execution} steps/execution) after {time.perf_counter() - started:.1f} s of warm-up"
@@ -211,32 +245,6 @@ def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, second
     }
     del iterator
     return result
-
-
-def interleaved(
-    variants: list[Variant], trials: int, seconds: float, log: Callable[[str], None] = print, settle_rounds: int = 1
-) -> None:
-    """Measure every variant `trials` times, rotating the order each round.
-
-    First `settle_rounds` unrecorded rounds: a variant prepared a moment ago still ramps up
-    (tf.data's autotuning, its shuffle buffer, its first epoch boundary) while the others have
-    run for minutes; measured on the ladder, that made each new rung read 20-50 % slower in its
-    first trials than later.
-    """
-    for _ in range(settle_rounds):
-        for variant in variants:
-            variant.trial(seconds)
-            variant.samples.pop()
-    for round_index in range(trials):
-        shift = round_index % len(variants)
-        order = variants[shift:] + variants[:shift]
-        rates = {v.name: v.trial(seconds) for v in order}
-        log(f"  trial {round_index + 1}/{trials}: " + ", ".join(f"{n} {r:,.0f}/s" for n, r in rates.items()))
-
-
-def paired_ratios(numerator: Variant, denominator: Variant) -> list[float]:
-    """Per-round ratios (both measured in the same round), robust to drift across rounds."""
-    return [a / b for a, b in zip(numerator.samples, denominator.samples) if b]
 
 
 def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | None = None, clean: bool = False):

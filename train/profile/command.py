@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from train import diagnose as analyser  # the analyser's entry points: diagnose(), render(), main()
 from train.core import files
 from train.core.errors import UserError
-from train import diagnose as analyser  # the analyser's entry points: diagnose(), render(), main()
 from train.profile import explain, runner
 
 

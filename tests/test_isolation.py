@@ -1,0 +1,136 @@
+"""Trials that cannot disturb each other: each variant in its own process, stopped while another is measured.
+
+Speed is not asserted here. What is: a variant that is not being measured uses no CPU at all, a
+worker's failures reach the caller by kind (a candidate that cannot run vs a bug), and
+`bench-check` runs both of its checks and reports them with the noise of the moment.
+"""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+import tensorflow as tf
+
+from tests.conftest import ROOT, data_sets, run_cli
+from train import config
+from train.benchmarks import isolated, stats, worker
+from train.core.errors import UserError
+
+CPU_SCENARIO = ROOT / "configs/scenarios/cpu.yaml"
+
+
+def tiny_config(tiny_data_dir, *extra):
+    sets = data_sets(tiny_data_dir) + ["pipeline.batch_size=16", "pipeline.shuffle_buffer=16", *extra]
+    return config.load(ROOT / "configs/optimized.yaml", sets, layers=[CPU_SCENARIO], name="tiny")
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+@pytest.mark.slow
+def test_a_variant_that_is_not_being_measured_uses_no_cpu(tiny_data_dir):
+    """Under the old harness an idle variant's tf.data threads kept refilling its buffers during the other's
+    trial (measured: up to 0.64 of a core of 2 in the larger-than-memory scenario)."""
+    cfg = tiny_config(tiny_data_dir)
+    with isolated.IsolatedVariant("a", cfg, log=None) as a, isolated.IsolatedVariant("b", cfg, log=None) as b:
+        idle = psutil.Process(b.worker.process.pid)
+        assert idle.status() == psutil.STATUS_STOPPED
+        before = cpu_seconds(idle)
+        for _ in range(3):
+            a.trial(0.5)
+        assert cpu_seconds(idle) - before == 0.0
+        assert idle.status() == psutil.STATUS_STOPPED
+        b.trial(0.2)  # and it runs again when its turn comes
+        assert len(b.samples) == 1 and b.samples[0] > 0
+
+
+def test_worker_failures_are_told_apart_by_kind():
+    assert worker.classify(UserError("bad key")) == "user"
+    assert worker.classify(tf.errors.ResourceExhaustedError(None, None, "OOM")) == "candidate"
+    assert worker.classify(MemoryError()) == "candidate"
+    assert worker.classify(TypeError("a bug")) == "bug"
+
+
+@pytest.mark.slow
+def test_a_bug_in_a_worker_is_raised_as_a_bug_not_as_a_failed_variant(tiny_data_dir):
+    with isolated.IsolatedVariant("a", tiny_config(tiny_data_dir), log=None) as variant:
+        with pytest.raises(isolated.WorkerBug, match="TypeError"):
+            variant.worker.call("trial", seconds="not a number", min_calls=1)
+        with pytest.raises(isolated.VariantFailed, match="died"):
+            variant.worker.process.kill()
+            variant.worker.process.wait()
+            variant.trial(0.1)
+
+
+@pytest.mark.slow
+def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data_dir, tmp_path):
+    out = tmp_path / "check"
+    sets = [
+        a
+        for s in data_sets(tiny_data_dir) + ["pipeline.shuffle_buffer=16", "pipeline.batch_size=16"]
+        for a in ("--set", s)
+    ]
+    result = run_cli(
+        "bench-check",
+        "--scenario",
+        "auto",
+        "--out",
+        str(out),
+        "--trials",
+        "5",
+        "--seconds",
+        "0.3",
+        *sets,
+        timeout=900,
+    )
+    assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "check.json").read_text())
+    assert len(report["load_average"]["before"]) == 3 and report["cores"] >= 1
+    checked = report["scenarios"]["auto"]
+    assert set(checked["aa"]) == {"bench", "ladder", "tune"}
+    for aa in checked["aa"].values():
+        assert len(aa["ratios"]) == 5
+        assert aa["passed"] == (abs(aa["median"] - 1) <= 0.03)
+        assert aa["within_noise"] == (abs(aa["median"] - 1) <= max(0.03, aa["noise"]))
+    order = checked["order"]
+    assert order["rung"] == "vectorized augmentation"
+    first, second = order["as_candidate"]["median"], order["as_base"]["median"]
+    assert order["passed"] == stats.agree(first, second, order["spread"])
+    assert report["passed"] == (result.returncode == 0)
+    assert "| auto | order: vectorized augmentation |" in (out / "check.md").read_text()
+    load = report["load_average"]["before"][0]
+    if load > report["cores"]:
+        pytest.skip(f"load average {load:.1f} on {report['cores']} cores: other work sets the figures, not the harness")
+    for pairing, aa in checked["aa"].items():
+        # two processes of one config read alike, within the noise of a repeat in the same process
+        assert aa["within_noise"], (pairing, aa)
+    # the rung's gain reads the same whether it is the fresh candidate or the long-running base
+    assert order["passed"], order
+
+
+class FakeWorker:
+    pass
+
+
+class Named:
+    def __init__(self, name, worker):
+        self.name, self.worker = name, worker
+
+
+def test_no_trial_follows_a_trial_of_the_same_process_and_every_variant_takes_every_place():
+    base, candidate = Named("base", FakeWorker()), Named("candidate", FakeWorker())
+    views = [isolated.View(n, v) for n, v in (("b", base), ("c", candidate), ("b2", base), ("c2", candidate))]
+    rounds = isolated.schedule(views, 6)
+    sequence = [view for order in rounds for view in order]
+    assert all(isolated.worker_of(a) is not isolated.worker_of(b) for a, b in zip(sequence, sequence[1:]))
+    assert all(sorted(v.name for v in order) == ["b", "b2", "c", "c2"] for order in rounds)
+    many = [Named(n, FakeWorker()) for n in ("naive", "optimized", "ceiling")]
+    views = [*many, isolated.View("optimized again", many[1])]
+    rounds = isolated.schedule(views, 8)
+    sequence = [view for order in rounds for view in order]
+    assert all(isolated.worker_of(a) is not isolated.worker_of(b) for a, b in zip(sequence, sequence[1:]))
+    assert {order[0].name for order in rounds} >= {"naive", "ceiling"}  # the order still rotates

@@ -1,0 +1,92 @@
+"""The decode floor: what decoding the stored images costs, and nothing else.
+
+Every pipeline that decodes each epoch pays at least this per image: the same records' image
+bytes, decoded at the output size the pipeline trains at (the same DCT scale: a 256 px JPEG
+trained at 128 px is decoded at 1/2 directly), one image after another on one thread, no
+reading, shuffling, augmenting or batching of pixels. Its CPU time per image is the floor;
+`make bench` reports each pipeline's CPU time per image as a multiple of it. A pipeline can go
+below it only by not decoding every epoch (a decoded cache in memory or on disk).
+"""
+
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+from train.config import Config
+from train.input import pipeline
+from train.shards import records
+from train.shards.spec import DatasetSpec
+
+SAMPLE = 1000  # distinct images decoded in turn: more than a CPU cache holds at 20+ KB each
+RATES = (1_000, 3_000, 10_000)  # images/s: small to mid-size vision models on one modern GPU
+
+
+def how(spec: DatasetSpec, cfg: Config) -> tuple[str, int]:
+    """(a description of the decode, its DCT ratio) at the config's output size."""
+    shape = pipeline.image_shape(spec, cfg.pipeline)
+    if spec.encoding != "jpeg":
+        return f"decode_image ({spec.encoding}) at {shape[0]}x{shape[1]}", 1
+    ratio = pipeline.decode_ratio(min(spec.image_shape[:2]), shape[0])
+    scaled = f"at 1/{ratio} (DCT scaling) " if ratio > 1 else ""
+    return f"decode_jpeg {scaled}of {spec.image_shape[0]}x{spec.image_shape[1]} -> {shape[0]}x{shape[1]}", ratio
+
+
+def _image_bytes(spec: DatasetSpec) -> list[bytes]:
+    encoded = []
+    for path in spec.train_files:
+        for _, payload in records.read_records(path):
+            if isinstance(payload, bytes):
+                encoded.append(records.parse_example(payload)[0])
+            if len(encoded) >= SAMPLE:
+                return encoded
+    return encoded
+
+
+def measure(cfg: Config, spec: DatasetSpec, seconds: float = 3.0) -> dict:
+    """Decode the training records in a tight loop on one thread for `seconds`; CPU time per image.
+
+    tf.data runs the loop (one thread of its own pool, no prefetch, no autotuning, ops limited
+    to one thread): its per-element cost is about a microsecond, against the 30-400 microseconds
+    a decode takes here. Only the decoded images' shapes leave the loop, so no pixels are copied.
+    """
+    description, ratio = how(spec, cfg)
+    channels = spec.image_shape[2]
+
+    def decode(encoded):
+        if ratio > 1:
+            image = tf.io.decode_jpeg(encoded, channels=channels, ratio=ratio)
+        else:
+            image = records.decode_image(encoded, spec)
+        return tf.shape(image)[0]
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    options.experimental_optimization.inject_prefetch = False
+    sample = _image_bytes(spec)
+    loop = tf.data.Dataset.from_tensor_slices(sample).repeat().map(decode).batch(256).with_options(options)
+    iterator = iter(loop)
+    next(iterator)  # builds the function and the threads
+    batches, cpu, started = 0, time.process_time(), time.perf_counter()
+    while time.perf_counter() - started < seconds or batches < 4:
+        next(iterator)
+        batches += 1
+    cpu, wall, images = time.process_time() - cpu, time.perf_counter() - started, batches * 256
+    return {
+        "decode": description,
+        "dct_ratio": ratio,
+        "encoding": spec.encoding,
+        "mean_record_kb": sum(map(len, sample)) / len(sample) / 1024,
+        "core_seconds_per_example": cpu / images,
+        "examples_per_sec_per_core": images / cpu,
+        "wall_seconds_per_example": wall / images,
+        "examples": images,
+    }
+
+
+def cores_needed(core_seconds_per_example: float) -> dict:
+    """Host cores it takes to feed RATES images/s at this CPU cost per image."""
+    return {str(rate): core_seconds_per_example * rate for rate in RATES}

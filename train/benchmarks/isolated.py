@@ -1,0 +1,324 @@
+"""Variants that cannot disturb each other: each in its own process, stopped while another is measured.
+
+On a machine whose cores the model and the input pipeline share, a variant that is not being
+measured still works: its tf.data threads refill the buffers the last trial drained (and an
+autotuned, long-running pipeline has larger ones). In one process that work cannot be paused,
+and it lands in whichever variant is measured next. Here each variant is a worker process
+(worker.py) that the parent stops with SIGSTOP as soon as a command has been answered and
+continues (SIGCONT) only to run the next one, so exactly one variant runs at a time and each
+finds its pipeline as it left it. Measured before choosing (README, "Trials that cannot disturb
+each other"): see bench-check for the A/A and order checks that hold this to account.
+
+`IsolatedVariant` has what the benchmarks read of `trials.Variant`: name, samples, trial(),
+profile(), stats(), batch_size, replicas, description, the resolved config and choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from train import config as config_lib
+from train.benchmarks import stats
+from train.config import Config
+from train.core.errors import UserError
+
+WORKER_START_TIMEOUT_S = 600.0  # a first epoch that fills a cache of a large dataset takes a while
+
+
+class VariantFailed(RuntimeError):
+    """A variant could not run on this machine (out of memory, an op or XLA compile error, a worker
+    that died): the config is valid but this machine cannot run it. Tune skips such a candidate;
+    anything else a worker raises is a bug and is raised as one."""
+
+
+class WorkerBug(RuntimeError):
+    """A programming error inside a worker: never taken for a slow or failed candidate."""
+
+
+@dataclasses.dataclass
+class Facts:
+    description: str
+    batch_size: int
+    replicas: int
+    precision: str
+    jit_compile: bool
+    steps_per_execution: int
+    strategy: str
+    config: dict  # the resolved config (every `auto` decided), as config.yaml holds it
+    device: str
+    cpu_cores: int
+    warmup_seconds: float
+
+
+class Worker:
+    """A `python -m train.benchmarks.worker` process, stopped between commands."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.folder = Path(tempfile.mkdtemp(prefix="bench-worker-"))
+        read_end, write_end = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "train.benchmarks.worker", "--reply-fd", str(write_end)],
+            stdin=subprocess.PIPE,
+            pass_fds=(write_end,),
+            text=True,
+        )
+        os.close(write_end)
+        self.replies = os.fdopen(read_end, "r")
+        self.stopped = self.busy = False
+
+    def config_file(self, cfg: Config, name: str) -> str:
+        path = self.folder / f"{name}.yaml"
+        config_lib.save(cfg, path)
+        return str(path)
+
+    def _signal(self, number: int) -> None:
+        try:
+            self.process.send_signal(number)
+        except ProcessLookupError:
+            pass
+
+    def _died(self, when: str) -> VariantFailed:
+        code = self.process.returncode
+        how = f"signal {-code}" if code < 0 else f"exit {code}"
+        return VariantFailed(f"{self.label}: its worker process died {when} ({how})")
+
+    def _stop(self) -> None:
+        """SIGSTOP, and wait until the kernel has stopped it: the next trial starts with this one still."""
+        self._signal(signal.SIGSTOP)
+        try:
+            _, status = os.waitpid(self.process.pid, os.WUNTRACED)
+        except ChildProcessError:
+            return
+        if not os.WIFSTOPPED(status):  # it ended instead: record how, as Popen.wait would
+            self.process.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        self.stopped = True
+
+    def call(self, command: str, **arguments) -> dict:
+        """Continue the worker, run one command, stop it again; its failure is raised by kind."""
+        if self.process.poll() is not None:
+            raise self._died("earlier")
+        if self.stopped:
+            self._signal(signal.SIGCONT)
+            self.stopped = False
+        self.busy = True
+        self.process.stdin.write(json.dumps({"command": command, **arguments}) + "\n")
+        self.process.stdin.flush()
+        line = self.replies.readline()
+        self.busy = False
+        if not line:
+            self.process.wait()
+            raise self._died(f"during '{command}'")
+        self._stop()
+        reply = json.loads(line)
+        if "error" in reply:
+            if reply["kind"] == "user":
+                raise UserError(reply["error"].split(": ", 1)[-1])
+            if reply["kind"] == "candidate":
+                raise VariantFailed(f"{self.label}: {reply['error']}")
+            raise WorkerBug(f"{self.label}: {command} failed in its worker:\n{reply['traceback']}")
+        return reply
+
+    def close(self) -> None:
+        """Let an idle worker exit; one interrupted mid-command (Ctrl-C) is killed: it holds nothing to save."""
+        if self.busy and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process.poll() is None:
+            self._signal(signal.SIGCONT)
+            try:
+                self.process.stdin.write(json.dumps({"command": "exit"}) + "\n")
+                self.process.stdin.close()
+                self.process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        self.replies.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class IsolatedVariant:
+    """One config made ready to run in its own worker process (see the module's docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: Config,
+        *,
+        ceiling: bool = False,
+        service_workers: int = 0,
+        warmup_seconds: float = 2.0,
+        log: Callable[[str], None] = print,
+    ):
+        self.name, self.cfg, self.samples = name, cfg, []
+        self.worker = Worker(name)
+        started = time.perf_counter()
+        try:
+            reply = self.worker.call(
+                "prepare",
+                config=self.worker.config_file(cfg, "variant"),
+                name=name,
+                ceiling=ceiling,
+                service_workers=service_workers,
+                warmup_seconds=warmup_seconds,
+                quiet=log is None,
+            )
+        except BaseException:
+            self.worker.close()
+            raise
+        self.facts = Facts(**reply)
+        self.prepare_seconds = time.perf_counter() - started
+
+    @property
+    def description(self) -> str:
+        return self.facts.description
+
+    @property
+    def batch_size(self) -> int:
+        return self.facts.batch_size
+
+    @property
+    def replicas(self) -> int:
+        return self.facts.replicas
+
+    @property
+    def steps_per_call(self) -> int:
+        return self.facts.steps_per_execution
+
+    def trial(self, seconds: float, min_calls: int = 3) -> float:
+        rate = self.worker.call("trial", seconds=seconds, min_calls=min_calls)["rate"]
+        self.samples.append(rate)
+        return rate
+
+    def profile(self, logdir: Path, num_steps: int = 8) -> dict | None:
+        return self.worker.call("profile", logdir=str(logdir), num_steps=num_steps)["profile"]
+
+    def stats(self) -> dict:
+        return stats.summarize(self.samples)
+
+    def peak_rss_mb(self) -> float:
+        return self.worker.call("memory")["peak_rss_mb"]
+
+    def view(self, name: str) -> View:
+        """The same variant under another name with samples of its own (A/A: measured twice a round)."""
+        return View(name, self)
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def __enter__(self) -> IsolatedVariant:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class View:
+    """Another name for an IsolatedVariant, with its own samples: the second A of an A/A pair."""
+
+    def __init__(self, name: str, variant: IsolatedVariant):
+        self.name, self.variant, self.samples = name, variant, []
+
+    def trial(self, seconds: float, min_calls: int = 3) -> float:
+        rate = self.variant.worker.call("trial", seconds=seconds, min_calls=min_calls)["rate"]
+        self.samples.append(rate)
+        return rate
+
+    def stats(self) -> dict:
+        return stats.summarize(self.samples)
+
+
+def measure_alone(command: str, cfg: Config, seconds: float) -> dict:
+    """Run `cost` or `floor` in a fresh worker of its own, nothing else running: CPU time per example."""
+    worker = Worker(command)
+    try:
+        return worker.call(command, config=worker.config_file(cfg, command), seconds=seconds)
+    finally:
+        worker.close()
+
+
+def worker_of(variant) -> Worker:
+    return variant.variant.worker if isinstance(variant, View) else variant.worker
+
+
+def schedule(variants: list, rounds: int) -> list[list]:
+    """Each round's order: rotated by one each round (A B C, B C A, ...) so a slow drift of a shared
+    machine hits every variant, then rearranged so that no trial directly follows a trial of the
+    same process, across rounds too: every trial then starts after the same kind of pause."""
+    orders, previous = [], None
+    for index in range(rounds):
+        shift = index % len(variants)
+        pending, order = variants[shift:] + variants[:shift], []
+        while pending:
+            last = worker_of(order[-1]) if order else previous
+            pick = next((v for v in pending if worker_of(v) is not last), pending[0])
+            pending.remove(pick)
+            order.append(pick)
+        orders.append(order)
+        previous = worker_of(order[-1])
+    return orders
+
+
+def interleaved(
+    variants: list, trials: int, seconds: float, log: Callable[[str], None] = print, min_calls: int = 3
+) -> None:
+    """Measure every variant `trials` times in `schedule`'s order; each round's ratios are paired
+    (stats.paired). A variant measured twice a round (an A/A view) is never measured twice in a row.
+
+    First one unrecorded trial of each process: a variant that stayed stopped while another was
+    prepared (10-30 s) resumes with autotuning statistics that count that pause (tf.data times its
+    stages by the wall clock); one trial lets them settle before anything is recorded.
+    """
+    settled = []
+    for variant in variants:
+        if worker_of(variant) not in settled:
+            settled.append(worker_of(variant))
+            worker_of(variant).call("trial", seconds=seconds, min_calls=min_calls)
+    for round_index, order in enumerate(schedule(variants, trials)):
+        rates = {v.name: v.trial(seconds, min_calls) for v in order}
+        log(f"  trial {round_index + 1}/{trials}: " + ", ".join(f"{n} {r:,.0f}/s" for n, r in rates.items()))
+
+
+@dataclasses.dataclass
+class Pair:
+    """A base and a candidate measured in the same rounds (pair_round)."""
+
+    ratios: list[float]  # per round: candidate / base, each the mean of its two trials of that round
+    aa_ratios: list[float]  # per round: the base's second trial / its first (A/A)
+    base: list[float]  # per round: the base's mean examples/s
+    candidate: list[float]
+    samples: dict  # every trial, per round: base, candidate, base (again), candidate (again)
+
+
+def pair_round(base, candidate, rounds: int, seconds: float, log: Callable[[str], None] = print, min_calls: int = 3):
+    """Base and candidate each measured twice a round, alternating (B C B C, so no trial follows one of
+    the same process), which also gives the base's A/A noise at that very time."""
+    views = [base.view(base.name), candidate.view(candidate.name)]
+    views += [base.view(f"{base.name} (again)"), candidate.view(f"{candidate.name} (again)")]
+    interleaved(views, rounds, seconds, log=log, min_calls=min_calls)
+    first_base, first_candidate, again_base, again_candidate = (v.samples for v in views)
+    base_means = [(a + b) / 2 for a, b in zip(first_base, again_base)]
+    candidate_means = [(a + b) / 2 for a, b in zip(first_candidate, again_candidate)]
+    return Pair(
+        ratios=stats.paired(candidate_means, base_means),
+        aa_ratios=stats.paired(again_base, first_base),
+        base=base_means,
+        candidate=candidate_means,
+        samples=dict(zip(("base", "candidate", "base (again)", "candidate (again)"), (list(v.samples) for v in views))),
+    )
+
+
+def close_all(variants) -> None:
+    for variant in variants:
+        if isinstance(variant, IsolatedVariant):
+            variant.close()

@@ -1,0 +1,133 @@
+"""`python -m train tune`: options in, the start config, the search space and the measure wired together."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from train import config as config_lib
+from train import scenario as scenario_lib
+from train.benchmarks import trials
+from train.benchmarks.options import TuneOptions
+from train.benchmarks.tune import command, report, space
+from train.benchmarks.tune.measure import MIN_CALLS, TrialMeasure
+from train.benchmarks.tune.overlay import as_sets, read_tuned
+from train.benchmarks.tune.search import short
+from train.core import files
+from train.core.errors import UserError
+from train.input import pipeline
+from train.training import setup
+
+
+def say(line: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(line)
+
+
+def make_vet(load, found, spec, replicas: int, start_shuffle: int):
+    """Why a candidate is not worth measuring here (invalid, the same once resolved, a cache over the limit,
+    a shuffle buffer below the floor), or None."""
+
+    def resolved(state: dict):
+        return setup.plan(load(state), found, spec).cfg
+
+    def vet(best: dict, candidate: dict) -> str | None:
+        try:
+            cand = resolved(candidate)
+            cand_cache = pipeline.memory_cache_mb(cand.pipeline, spec, spec.num_train)
+        except UserError as error:
+            return f"not valid here: {str(error)[:200]}"
+        now = resolved(best)
+        if (cand.pipeline, cand.train) == (now.pipeline, now.train):
+            return "the same settings once auto is resolved"
+        limit = cand.pipeline.cache_limit_mb
+        if cand_cache > limit and cand_cache > pipeline.memory_cache_mb(now.pipeline, spec, spec.num_train):
+            return f"its cache ({cand_cache:,.0f} MB) exceeds pipeline.cache_limit_mb ({limit})"
+        floor = space.shuffle_floor(cand.pipeline.batch_size * replicas, spec.num_train)
+        if cand.pipeline.shuffle_buffer < min(floor, start_shuffle) and cand.pipeline.shuffle_buffer:
+            return f"shuffle buffer {cand.pipeline.shuffle_buffer} below the floor {floor}"
+        return None
+
+    return vet
+
+
+def main(opts: TuneOptions) -> int:
+    began = time.monotonic()
+    scenario = scenario_lib.resolve(opts.scenario)
+    layers = scenario.overlays + [str(files.project_file(layer)) for layer in opts.overlays]
+    config_path = files.project_file(opts.config)
+
+    def load(state: dict, name: str = "tune"):
+        return config_lib.load(config_path, list(opts.overrides) + as_sets(state), layers=layers, name=name)
+
+    base_cfg = load({})
+    tuned_path = Path(opts.tuned)
+    start, earlier = {}, ""
+    if tuned_path.exists() and not opts.fresh:
+        start, earlier = read_tuned(tuned_path)
+        try:
+            load(start)
+        except UserError as error:
+            raise UserError(f"{tuned_path} does not fit this config: {error} Delete it or pass --fresh.") from None
+    out = Path(opts.out)
+    spec, found = trials.begin(scenario, [base_cfg], out, clean=True)
+    start_cfg = load(start)
+    replicas = setup.plan(start_cfg, found, spec).replicas
+    knobs = space.plan(start_cfg, spec, found, replicas=replicas, batch=opts.batch, only=list(opts.only))
+    base = {key: space.get(base_cfg, key) for key in {k.key for k in knobs} | set(start) | {"train.learning_rate"}}
+    if start:
+        print(f"Starting from {tuned_path} ({short(start)}; {earlier}). --fresh ignores it.", flush=True)
+    print(
+        f"Device: {found.describe()}. Searching {len(knobs)} knobs for at most {opts.minutes:g} minutes: each "
+        f"candidate against the best in {opts.trials.rounds} interleaved rounds of >= {opts.trials.seconds:g} s, "
+        "each variant in its own process; Ctrl-C stops the search and keeps the best so far.",
+        flush=True,
+    )
+    measure = TrialMeasure(load, opts.trials.seconds)
+    try:
+        result = search_and_write(opts, measure, start, base, knobs, began, spec, found, scenario, tuned_path)
+    finally:
+        measure.close()
+    points = [("tune/ratio_vs_best", row["gain"], row["trial"]) for row in result["trials"] if "gain" in row]
+    points += [
+        ("tune/best_examples_per_sec", row["best_rate"], row["trial"]) for row in result["trials"] if "gain" in row
+    ]
+    files.write_scalars(out / "tb", points)
+    print()
+    print(report.summary(result))
+    print(f"\nWritten: {out}/tune.json, tune.md, tune.png (TensorBoard: run tune/tb)")
+    return 0
+
+
+def search_and_write(opts, measure, start, base, knobs, began, spec, found, scenario, tuned_path) -> dict:
+    """Time the start variant (its preparation, one trial), then run the search and the final check."""
+    load = measure.load
+    prepared = time.monotonic()
+    first = measure.variant(start, "start", log=say)
+    prepare_s = time.monotonic() - prepared
+    timed = time.monotonic()
+    first.trial(opts.trials.seconds, MIN_CALLS)
+    first.samples.clear()
+    per_round = 3 * (time.monotonic() - timed) * 1.15
+    reference = command.load_reference(opts, scenario)
+    start_shuffle = load(start).pipeline.shuffle_buffer
+    return command.run(
+        start,
+        base,
+        knobs,
+        measure,
+        out=Path(opts.out),
+        tuned_path=tuned_path,
+        budget_s=opts.minutes * 60,
+        rounds=opts.trials.rounds,
+        final_rounds=opts.final_rounds,
+        first_guess_s=prepare_s + opts.trials.rounds * per_round,
+        final_guess_s=(1 + len(reference)) * prepare_s + opts.final_rounds * per_round * (3 + len(reference)) / 3,
+        prepare_s=prepare_s,
+        facts=command.facts_of(opts, found, spec, scenario, tuned_path if start else None),
+        vet=make_vet(load, found, spec, setup.plan(load(start), found, spec).replicas, start_shuffle),
+        reference=reference or None,
+        began=began,
+        say=say,
+    )
