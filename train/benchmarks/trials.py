@@ -25,7 +25,7 @@ from train.config import Config
 from train.diagnose import analysis
 from train.input import pipeline
 from train.shards.spec import DatasetSpec
-from train.training import devices, setup
+from train.training import devices, plan, setup
 
 PREROLL_S = 0.25  # untimed steps before each trial ...
 PREROLL_CALLS = 2  # ... and at least this many executions
@@ -36,7 +36,7 @@ EPOCH_ALIGN_MAX_S = 20.0  # trials run whole epochs when one takes at most this 
 class Variant:
     name: str
     cfg: Config
-    choices: devices.Choices
+    choices: plan.Choices
     model: object
     iterator: object
     batch_size: int  # the global batch: examples per step over every replica
