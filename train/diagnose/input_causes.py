@@ -43,8 +43,9 @@ class Pipeline:
 
     @property
     def other_ms(self) -> float:
-        """The model's step and per-step overhead: what a prefetch could overlap."""
-        return max(self.step - self.input_ms, 0.0)
+        """The model's step and per-step overhead: what a prefetch could overlap (not the step's stall: time in
+        which nothing of the step ran, train/diagnose/stalls.py)."""
+        return max(self.step - self.input_ms - (self.wait.get("stall_ms") or 0.0), 0.0)
 
     @property
     def cores(self) -> int:

@@ -23,7 +23,9 @@ def recommendations(
     if profile["input_bound_percent"] is None or not profile["step_time_ms"]:
         return []
     wait = profile.get("input_pipeline") or {}
-    pipeline = Causes(wait.get("step_ms") or 0.0)  # figures of the host trace's steps
+    # figures of the host trace's steps, without their stall: time in which nothing of the step ran (the machine's
+    # other load, train/diagnose/stalls.py) is no property of the program, and no fix removes it
+    pipeline = Causes(max((wait.get("step_ms") or 0.0) - (wait.get("stall_ms") or 0.0), 0.0))
     input_causes(wait, device.cpu_only, pipeline)
     if wait.get("measured"):
         per_step_overhead(wait, pipeline)

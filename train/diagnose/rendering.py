@@ -54,6 +54,46 @@ def _figures(profile: dict, device: dict) -> list[str]:
     ]
 
 
+def _source(profile: dict, wait: dict) -> str:
+    source = profile["step_source"] or "none found"
+    if not wait.get("measured"):
+        return source
+    per_window, replicas = wait.get("steps_per_window") or 1, wait.get("replicas") or 1
+    if replicas > 1:
+        source += f", {replicas} replicas (a distribution strategy): each step reads one batch per replica"
+    if per_window > 1:
+        source += f", each {per_window} training steps (steps_per_execution): figures are per execution"
+    return source
+
+
+BUSY_SHARE = 10.0  # percent of the step without recorded work past which the figures are said to be a busy machine's
+
+
+def _stall(wait: dict) -> list[str]:
+    """The step time without recorded work (train/diagnose/stalls.py), where there is any."""
+    stall = (wait.get("stall_ms") or 0.0) if wait.get("measured") else 0.0
+    if stall <= 0:
+        return []
+    found, share = wait["stall"], 100 * stall / wait["step_ms"]
+    parts = []
+    if found["gaps_ms"]:
+        parts.append(
+            f"{found['gaps_ms']:.1f} ms in gaps of 1 ms or more in which the training thread waited in the train "
+            "function and no thread, op or device of the step recorded anything"
+        )
+    if found["stretched_steps"]:
+        parts.append(
+            f"{found['stretched_ms']:.1f} ms in {found['stretched_steps']} step(s) whose Python or dispatch took far "
+            "longer than the same in the other steps (or work done only in some steps, e.g. a callback every N steps)"
+        )
+    busy = " Figures from a busy machine: profile on a quieter one to confirm them." if share >= BUSY_SHARE else ""
+    return [
+        f"  no recorded work: {stall:.1f} ms per step ({share:.0f}% of the step), {'; '.join(parts)}. The process "
+        "was likely descheduled or waiting for a core (other load, or the input pipeline's own threads on the same "
+        f"cores); per-step overhead and the estimates leave it out.{busy}"
+    ]
+
+
 def _pipeline(wait: dict) -> list[str]:
     if not wait.get("measured"):
         return []
@@ -92,11 +132,9 @@ def _run(item: dict) -> list[str]:
     size = f", {profile['profile_mb']:,.1f} MB" if profile.get("profile_mb") is not None else ""
     lines = [f"  profile: {profile['session']} ({profile['hardware_type']}, {profile['steps']} steps{size})"]
     lines += [f"  {note}" for note in [profile.get("large_profile"), *profile.get("skipped", [])] if note]
-    source = profile["step_source"] or "none found"
-    per_window = (wait.get("steps_per_window") or 1) if wait.get("measured") else 1
-    if per_window > 1:
-        source += f", each {per_window} training steps (steps_per_execution): figures are per execution"
-    lines.append(f"  steps: {source}" + (" (INFERRED: no step markers)" if item["steps_inferred"] else ""))
+    lines.append(
+        f"  steps: {_source(profile, wait)}" + (" (INFERRED: no step markers)" if item["steps_inferred"] else "")
+    )
     if profile["input_bound_percent"] is None:
         lines.append(f"  verdict: unknown - {item['unmeasured'] or 'the input share could not be measured'}.")
         lines += [f"  {note}" for note in item["notes"]]
@@ -104,7 +142,7 @@ def _run(item: dict) -> list[str]:
         return lines
     label = " (inferred steps)" if item["steps_inferred"] else ""
     lines.append(f"  verdict: {item['verdict'].upper()}{label}")
-    lines += _figures(profile, item["device"]) + _pipeline(wait)
+    lines += _figures(profile, item["device"]) + _stall(wait) + _pipeline(wait)
     if profile["has_step_markers"] and profile["conclusion"]:
         lines.append(f"  xprof: {profile['conclusion']}")
     lines += _recommendations([Recommendation.from_dict(r) for r in item["recommendations"]])

@@ -24,7 +24,7 @@ def per_step_overhead(wait: dict, causes: Causes) -> None:
         return
     figures = (
         f"a step takes {ms(step)}; {ms(overhead)} of it ({pct(overhead, step)}) is neither waiting for input nor "
-        "running the model's ops (Python, Keras callbacks, dispatching the step)"
+        "running the model's ops (Python, Keras callbacks, dispatching the step)" + stall_words(wait)
     )
     if batch and batch < TARGET_BATCH:
         causes.add(
@@ -48,6 +48,17 @@ def per_step_overhead(wait: dict, causes: Causes) -> None:
             "train.steps_per_execution.",
             f"Estimate: the per-step overhead paid once per {SPE} steps.",
         )
+
+
+def stall_words(wait: dict) -> str:
+    """What per-step overhead leaves out on a busy machine (train/diagnose/stalls.py), said where it did."""
+    stall = wait.get("stall_ms") or 0.0
+    if stall <= 0:
+        return ""
+    return (
+        f"; another {ms(stall)} per step shows no work of the step (its threads waited for a core) and is left out, "
+        "as it is no cost of the step itself"
+    )
 
 
 @dataclass

@@ -1,0 +1,122 @@
+"""Step time in which the trace shows no work of the step: kept apart from per-step overhead.
+
+A step's time is the input wait, the model's ops (and devices), and the rest, which per-step
+overhead (Python, Keras callbacks, dispatching the step) is made of and which a larger batch or
+`steps_per_execution` pays less often. On a busy machine part of that rest is no overhead at all:
+the step's threads were waiting for a core. Two signs of it are taken out of the rest here:
+
+- gaps: the training thread waited inside its call of the train function while nothing of the
+  step was recorded anywhere, for a millisecond or more (measured by train/diagnose/activity.py);
+- stretched time: outside those calls the training thread runs the same Python and dispatch
+  every step, in the same events (the tf.function's call, eager ops, the time between them), and
+  the model runs the same ops. Each of these is compared across the steps: where one step's is
+  far above the others' (beyond Tukey's far-out fence, Q3 + 3 IQR, and more than twice the
+  median, by a millisecond or more), that step counts the median and the time above it is a stall too: the thread was
+  descheduled there, or did work only in some steps (a callback every N steps), which a trace
+  without Python events cannot tell apart. Neither is a cost paid every step. The input wait is
+  never compared so: a wait far above the others' is a cause (a shuffle buffer refilling).
+
+On a quiet machine neither shows (no such gap, no such step) and the figures are the rest as
+before. What is taken out is reported as the step's stall, never given to a cause.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import defaultdict
+
+import numpy as np
+
+from train.diagnose import hosttrace
+from train.diagnose.activity import STALL_GAP_US
+
+FAR_OUT = 3.0  # Tukey's far-out fence: Q3 + 3 IQR
+MIN_STEPS = 5  # quartiles of fewer steps say nothing about which one is far out
+BETWEEN = ""  # the label of the caller's time in no event of its own below the step's
+
+
+def split(step_us: list, wait_us: list, compute_us: list, gap_us: list, caller: list[dict]) -> dict:
+    """Per step (µs) and on average (ms): the stall, in gaps and in stretched time; the steps stretched.
+
+    `caller`: per step, the training thread's time outside its calls by the innermost event it was in
+    (caller_time). The model's ops are compared across steps the same way: the same ops run every step."""
+    dispatch = [0.0] * len(step_us)
+    for label in set().union(*caller):
+        for i, extra in enumerate(_far_out([c.get(label, 0.0) for c in caller])):
+            dispatch[i] += extra
+    compute = _far_out(compute_us)
+    rest = [max(s - w - c - g, 0.0) for s, w, c, g in zip(step_us, wait_us, compute_us, gap_us)]
+    dispatch = [min(d, r) for d, r in zip(dispatch, rest)]
+    n = max(len(step_us), 1)
+    stall = [float(g) + d + c for g, d, c in zip(gap_us, dispatch, compute)]
+    return {
+        "stall_us": stall,
+        "stall_ms": round(sum(stall) / n / 1e3, 3),
+        "gaps_ms": round(float(sum(gap_us)) / n / 1e3, 3),
+        "stretched_steps": sum(1 for d, c in zip(dispatch, compute) if d + c > 0),
+        "stretched_ms": round((sum(dispatch) + sum(compute)) / n / 1e3, 3),
+        "compute_stretched_ms": round(sum(compute) / n / 1e3, 3),
+    }
+
+
+def _far_out(times: list) -> list[float]:
+    """Per step, the time above the median where the step is far out (see the module's docstring), else 0."""
+    if len(times) < MIN_STEPS:
+        return [0.0] * len(times)
+    typical = statistics.median(times)
+    q1, q3 = np.percentile(times, [25, 75])
+    fence = max(q3 + FAR_OUT * (q3 - q1), 2 * typical, typical + STALL_GAP_US)  # a stall lasts a millisecond or more
+    return [float(t) - typical if t > fence else 0.0 for t in times]
+
+
+def caller_time(trace: hosttrace.HostTrace, windows: list[tuple[float, float]]) -> list[dict]:
+    """Per window, the time of the threads that made calls (hosttrace.EXECUTE) outside those calls, by the
+    innermost event they were in (its name; BETWEEN below none but the step's own)."""
+    found = [defaultdict(float) for _ in windows]
+    callers = {event.tid for event in trace.executions}
+    starts = [lo for lo, _ in windows]
+    for tid, line in trace.step_lines:
+        if tid in callers:
+            for a, b, label in _innermost(trace.space, line):
+                _spread(found, windows, starts, a, b, f"{tid}:{label}")
+    return [dict(f) for f in found]
+
+
+def _spread(found: list, windows: list, starts: list, a: float, b: float, label: str) -> None:
+    i = max(bisect.bisect_right(starts, a) - 1, 0)
+    while i < len(windows) and windows[i][0] < b:
+        lo, hi = windows[i]
+        if min(b, hi) > max(a, lo):
+            found[i][label] += min(b, hi) - max(a, lo)
+        i += 1
+
+
+def _innermost(space, line):
+    """(start, end, name of the innermost open event) of one thread's time outside its calls, in order."""
+    names = {i: line.plane.display_names.get(i) or name for i, name in line.plane.event_names.items()}
+    events = []
+    base_ps = line.timestamp_ns * 1000
+    for block in space.events(line):
+        timed = block.duration_ps > 0
+        starts = (base_ps + block.offset_ps[timed]) / 1e6
+        ends = starts + block.duration_ps[timed] / 1e6
+        events += zip(starts.tolist(), ends.tolist(), (names.get(int(m), "") for m in block.metadata_id[timed]))
+    events.sort(key=lambda e: (e[0], -e[1]))
+    stack: list[tuple] = []
+    at = -np.inf
+    for start, end, name in [*events, (np.inf, np.inf, None)]:
+        while stack and stack[-1][1] <= start:
+            top = stack.pop()
+            yield from _piece(at, top[1], top[2], stack + [top])
+            at = max(at, top[1])
+        if start < np.inf:
+            yield from _piece(at, start, stack[-1][2] if stack else BETWEEN, stack)
+            at = max(at, start)
+            stack.append((start, end, name))
+
+
+def _piece(a: float, b: float, label: str, open_events: list):
+    """The piece [a, b) of the caller's time, unless it lies inside one of its calls."""
+    if b > a and not any(e[2] == hosttrace.EXECUTE for e in open_events):
+        yield a, b, label
