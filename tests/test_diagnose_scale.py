@@ -114,7 +114,7 @@ def _read_by_the_analysis(e: dict) -> bool:
     return (
         name.startswith("Iterator::")
         or name in hosttrace.GET_NEXT
-        or name in (hosttrace.EXECUTOR, hosttrace.PROFILED_BATCH)
+        or name in (hosttrace.EXECUTOR, hosttrace.EXECUTE, hosttrace.PROFILED_BATCH)
         or (tf_data and (name.startswith(hosttrace.FUNCTION_CALL) or "is_eager" in args))
         or "step_num" in args
         or ("tf_function_call" in args and e["thread"] == "python")

@@ -17,6 +17,7 @@ from functools import cached_property
 from train.diagnose import input_wait as iw
 from train.diagnose import stages as st
 from train.diagnose.recommendation import CORRECTNESS, Causes, gain, ms, pct
+from train.diagnose.stalls import working_step
 
 ASSUMED_CORES = 2  # where the profile does not record tf.data's cores (cpu_budget on its Root iterator)
 
@@ -35,7 +36,7 @@ class Pipeline:
 
     @property
     def step(self) -> float:
-        return self.wait["step_ms"]
+        return working_step(self.wait)
 
     @property
     def input_ms(self) -> float:
@@ -43,9 +44,8 @@ class Pipeline:
 
     @property
     def other_ms(self) -> float:
-        """The model's step and per-step overhead: what a prefetch could overlap (not the step's stall: time in
-        which nothing of the step ran, train/diagnose/stalls.py)."""
-        return max(self.step - self.input_ms - (self.wait.get("stall_ms") or 0.0), 0.0)
+        """The model's step and per-step overhead: what a prefetch could overlap."""
+        return max(self.step - self.input_ms, 0.0)
 
     @property
     def cores(self) -> int:
@@ -70,7 +70,12 @@ class Pipeline:
 
     @property
     def waits(self) -> str:
-        return f"{pct(self.input_ms, self.step)} of step time ({ms(self.input_ms)} of {ms(self.step)}) waits for input"
+        stall = self.wait.get("stall_ms") or 0.0
+        left_out = f", its {ms(stall)} stall left out" if stall > 0 else ""
+        return (
+            f"{pct(self.input_ms, self.step)} of step time ({ms(self.input_ms)} of {ms(self.step)}{left_out}) waits "
+            "for input"
+        )
 
 
 @dataclass

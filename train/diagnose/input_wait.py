@@ -285,6 +285,9 @@ def _add_split(report: dict, split: dict) -> None:
     """The stall (train/diagnose/stalls.py) beside the step figures, taken out of per-step overhead; and the input
     iterators read per step, so that steps per window counts steps, not replicas."""
     report["stall_ms"] = split["stall_ms"]
+    working = report["step_ms"] - split["stall_ms"]  # the step without its stall: the share a fix acts on
+    if split["stall_ms"] > 0 and report["input_ms"] is not None and working > 0:
+        report["input_percent"] = round(100 * report["input_ms"] / working, 1)
     report["stall"] = {k: split[k] for k in ("gaps_ms", "stretched_steps", "stretched_ms")}
     report["compute_ms"] = round(max(report["compute_ms"] - split["compute_stretched_ms"], 0.0), 3)
     outside = split["stall_ms"] - split["compute_stretched_ms"]  # the rest of the stall lay outside the model's ops

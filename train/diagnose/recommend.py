@@ -5,6 +5,7 @@ from __future__ import annotations
 from train.diagnose.device import DeviceView, view
 from train.diagnose.input_causes import input_causes
 from train.diagnose.recommendation import Causes, Recommendation, rank
+from train.diagnose.stalls import working_step
 from train.diagnose.step_causes import device_causes, per_step_overhead
 from train.diagnose.structural import structural_fixes
 from train.diagnose.verdict import INPUT_BOUND
@@ -23,9 +24,7 @@ def recommendations(
     if profile["input_bound_percent"] is None or not profile["step_time_ms"]:
         return []
     wait = profile.get("input_pipeline") or {}
-    # figures of the host trace's steps, without their stall: time in which nothing of the step ran (the machine's
-    # other load, train/diagnose/stalls.py) is no property of the program, and no fix removes it
-    pipeline = Causes(max((wait.get("step_ms") or 0.0) - (wait.get("stall_ms") or 0.0), 0.0))
+    pipeline = Causes(working_step(wait))  # figures of the host trace's steps, without their stall
     input_causes(wait, device.cpu_only, pipeline)
     if wait.get("measured"):
         per_step_overhead(wait, pipeline)

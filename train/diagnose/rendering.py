@@ -16,8 +16,10 @@ def _summary(run: str, item: dict) -> str:
     first = Recommendation.from_dict(item["recommendations"][0]) if item["recommendations"] else None
     fix = f"; first: {first.cause} ({first.estimated_gain:.2f}x)" if first else "; nothing to fix"
     share = profile["input_bound_percent"]
-    step = (profile["input_pipeline"] or {}).get("step_ms") or profile["step_time_ms"]
-    return f"{run}: {item['verdict'].upper()}, {share:.1f}% of a {step:.1f} ms step waits for input ({how}){fix}"
+    wait = profile["input_pipeline"] or {}
+    step = wait.get("step_ms") or profile["step_time_ms"]
+    stall = f" ({wait['stall_ms']:.1f} ms of it stalled, left out)" if wait.get("stall_ms") else ""
+    return f"{run}: {item['verdict'].upper()}, {share:.1f}% of a {step:.1f} ms step{stall} waits for input ({how}){fix}"
 
 
 def _tree(wait: dict) -> list[str]:
@@ -41,6 +43,8 @@ def _tree(wait: dict) -> list[str]:
 
 
 def _figures(profile: dict, device: dict) -> list[str]:
+    stall = (profile.get("input_pipeline") or {}).get("stall_ms")
+    without = f" (without the step's {stall:.1f} ms stall, below)" if stall else ""
     busy = device["busy_percent"]
     if busy is not None:
         busy_text = f"{busy:.1f}%"
@@ -50,7 +54,7 @@ def _figures(profile: dict, device: dict) -> list[str]:
         f"  step {profile['step_time_ms']:.1f} ms = input {profile['input_ms']:.1f} + host compute "
         f"{profile['host_compute_ms']:.1f} + device compute {profile['device_compute_ms']:.1f} + launch "
         f"{profile['kernel_launch_ms']:.1f} + other {profile['other_ms']:.1f} ms",
-        f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time; device busy: {busy_text}",
+        f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time{without}; device busy: {busy_text}",
     ]
 
 

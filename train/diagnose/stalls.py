@@ -70,6 +70,12 @@ def _far_out(times: list) -> list[float]:
     return [float(t) - typical if t > fence else 0.0 for t in times]
 
 
+def working_step(wait: dict) -> float:
+    """The step without its stall: time in which nothing of the step ran, the machine's other load, is no property
+    of the program and no fix removes it. Shares and estimates are of this step."""
+    return max((wait.get("step_ms") or 0.0) - (wait.get("stall_ms") or 0.0), 0.0)
+
+
 def caller_time(trace: hosttrace.HostTrace, windows: list[tuple[float, float]]) -> list[dict]:
     """Per window, the time of the threads that made calls (hosttrace.EXECUTE) outside those calls, by the
     innermost event they were in (its name; BETWEEN below none but the step's own)."""
