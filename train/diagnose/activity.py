@@ -220,6 +220,26 @@ def measure(trace: hosttrace.HostTrace, windows: list[tuple[float, float]], wait
             unsorted.add(id(error.line))
 
 
+def device_figures(work: dict, n: int) -> dict | None:
+    """Per analysed step, averaged over the devices: kernel busy time, kernels, copies; host launch time."""
+    devices = work["devices"]
+    if not devices:
+        return None
+
+    def mean(key: str) -> float:
+        return float(sum(d[key].sum() for d in devices)) / len(devices) / n
+
+    return {
+        "devices": [d["name"] for d in devices],
+        "busy_ms": round(mean("busy_us") / 1e3, 3),
+        "kernels_per_step": round(mean("kernels"), 1),
+        "h2d_ms": round(mean("h2d_us") / 1e3, 3),
+        "d2h_ms": round(mean("d2h_us") / 1e3, 3),
+        "d2d_ms": round(mean("d2d_us") / 1e3, 3),
+        "launch_ms": round(float(work["launch_us"].sum()) / n / 1e3, 3),
+    }
+
+
 def _pieces(lo: np.ndarray, hi: np.ndarray, waits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each input wait cut to the windows it overlaps: (window, start, end)."""
     owner, starts, ends = [], [], []

@@ -263,9 +263,9 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
     split = stalls.split(step_us, waits_per_step, work["compute_us"].tolist(), work["stall_us"].tolist(), caller)
     split["replicas"] = _replicas(windows, wait_events, roots_of)
     report = _report(steps, stages, step_us, waits_per_step, wait_events, work["compute_us"].tolist(), getnext_floor, n)
-    _add_split(report, split)
+    stalls.apply(report, split)
     report["host_compute_ms"] = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
-    report["device"] = _device_figures(work, n)
+    report["device"] = activity.device_figures(work, n)
     return report
 
 
@@ -279,44 +279,6 @@ def _replicas(windows, wait_events: list[Event], roots_of: dict) -> int:
         read[window].update(str(r.args["id"]) for r in roots_of.get(id(holder), ()) if r.args.get("id") is not None)
     counts = [len(ids) for ids in read.values() if ids]
     return max(int(statistics.median_low(counts)), 1) if counts else 1
-
-
-def _add_split(report: dict, split: dict) -> None:
-    """The stall (train/diagnose/stalls.py) beside the step figures, taken out of per-step overhead; and the input
-    iterators read per step, so that steps per window counts steps, not replicas."""
-    report["stall_ms"] = split["stall_ms"]
-    working = report["step_ms"] - split["stall_ms"]  # the step without its stall: the share a fix acts on
-    if split["stall_ms"] > 0 and report["input_ms"] is not None and working > 0:
-        report["input_percent"] = round(100 * report["input_ms"] / working, 1)
-    report["stall"] = {k: split[k] for k in ("gaps_ms", "stretched_steps", "stretched_ms")}
-    report["compute_ms"] = round(max(report["compute_ms"] - split["compute_stretched_ms"], 0.0), 3)
-    outside = split["stall_ms"] - split["compute_stretched_ms"]  # the rest of the stall lay outside the model's ops
-    report["overhead_ms"] = round(max(report["overhead_ms"] - outside, 0.0), 3)
-    for row, stall in zip(report["per_step"], split["stall_us"]):
-        row["stall_ms"] = round(stall / 1e3, 3)
-    report["replicas"] = split["replicas"]
-    per_window = report["getnext_per_step"] / split["replicas"]
-    report["steps_per_window"] = round(per_window) if per_window >= 1.5 else 1
-
-
-def _device_figures(work: dict, n: int) -> dict | None:
-    """Per analysed step, averaged over the devices: kernel busy time, kernels, copies; host launch time."""
-    devices = work["devices"]
-    if not devices:
-        return None
-
-    def mean(key: str) -> float:
-        return float(sum(d[key].sum() for d in devices)) / len(devices) / n
-
-    return {
-        "devices": [d["name"] for d in devices],
-        "busy_ms": round(mean("busy_us") / 1e3, 3),
-        "kernels_per_step": round(mean("kernels"), 1),
-        "h2d_ms": round(mean("h2d_us") / 1e3, 3),
-        "d2h_ms": round(mean("d2h_us") / 1e3, 3),
-        "d2d_ms": round(mean("d2d_us") / 1e3, 3),
-        "launch_ms": round(float(work["launch_us"].sum()) / n / 1e3, 3),
-    }
 
 
 def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_all: float) -> None:

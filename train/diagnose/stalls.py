@@ -43,9 +43,9 @@ def split(step_us: list, wait_us: list, compute_us: list, gap_us: list, caller: 
     (caller_time). The model's ops are compared across steps the same way: the same ops run every step."""
     dispatch = [0.0] * len(step_us)
     for label in set().union(*caller):
-        for i, extra in enumerate(_far_out([c.get(label, 0.0) for c in caller])):
+        for i, extra in enumerate(far_out([c.get(label, 0.0) for c in caller])):
             dispatch[i] += extra
-    compute = _far_out(compute_us)
+    compute = far_out(compute_us)
     rest = [max(s - w - c - g, 0.0) for s, w, c, g in zip(step_us, wait_us, compute_us, gap_us)]
     dispatch = [min(d, r) for d, r in zip(dispatch, rest)]
     n = max(len(step_us), 1)
@@ -60,7 +60,7 @@ def split(step_us: list, wait_us: list, compute_us: list, gap_us: list, caller: 
     }
 
 
-def _far_out(times: list) -> list[float]:
+def far_out(times: list) -> list[float]:
     """Per step, the time above the median where the step is far out (see the module's docstring), else 0."""
     if len(times) < MIN_STEPS:
         return [0.0] * len(times)
@@ -68,6 +68,25 @@ def _far_out(times: list) -> list[float]:
     q1, q3 = np.percentile(times, [25, 75])
     fence = max(q3 + FAR_OUT * (q3 - q1), 2 * typical, typical + STALL_GAP_US)  # a stall lasts a millisecond or more
     return [float(t) - typical if t > fence else 0.0 for t in times]
+
+
+def apply(report: dict, split: dict) -> None:
+    """The stall (`split`) into the input wait's report (train/diagnose/input_wait.py) beside the step figures, taken
+    out of per-step overhead and of the model's compute; and the input iterators read per step, so that steps per
+    window counts steps, not replicas."""
+    report["stall_ms"] = split["stall_ms"]
+    working = report["step_ms"] - split["stall_ms"]  # the step without its stall: the share a fix acts on
+    if split["stall_ms"] > 0 and report["input_ms"] is not None and working > 0:
+        report["input_percent"] = round(100 * report["input_ms"] / working, 1)
+    report["stall"] = {k: split[k] for k in ("gaps_ms", "stretched_steps", "stretched_ms")}
+    report["compute_ms"] = round(max(report["compute_ms"] - split["compute_stretched_ms"], 0.0), 3)
+    outside = split["stall_ms"] - split["compute_stretched_ms"]  # the rest of the stall lay outside the model's ops
+    report["overhead_ms"] = round(max(report["overhead_ms"] - outside, 0.0), 3)
+    for row, stall in zip(report["per_step"], split["stall_us"]):
+        row["stall_ms"] = round(stall / 1e3, 3)
+    report["replicas"] = split["replicas"]
+    per_window = report["getnext_per_step"] / split["replicas"]
+    report["steps_per_window"] = round(per_window) if per_window >= 1.5 else 1
 
 
 def working_step(wait: dict) -> float:
