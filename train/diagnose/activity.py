@@ -21,7 +21,7 @@ Per step window:
   running its ops), no device activity, no input wait. Only gaps of STALL_GAP_US or more count: a hand-off
   between threads takes microseconds; a gap of a millisecond is a thread waiting for a core (the process
   descheduled by other load, or its own input pipeline holding the cores) or for something the trace does not
-  record.
+  record; and of that, the part in which the input pipeline's threads ran (the cores they held).
 """
 
 from __future__ import annotations
@@ -297,11 +297,13 @@ def _measure(trace, windows, waits, unsorted: set[int]) -> dict:
         np.subtract.at(busy, owner, total(union, compute_edges, wait_lo, wait_hi))
         return np.maximum(busy, 0.0)
 
+    stall, stall_pipeline = gaps.stalls(_calls(trace), lo, hi, pipeline_work(trace))
     return {
         "compute_us": outside_waits(compute),
         "host_compute_us": outside_waits(unions[HOST_OPS]),
         "launch_us": total(unions[LAUNCHES], window_edges, lo, hi),
-        "stall_us": gaps.stalls(_calls(trace), lo, hi),
+        "stall_us": stall,
+        "stall_pipeline_us": stall_pipeline,
         "devices": [
             {
                 "name": plane.name,
@@ -332,32 +334,48 @@ class _Gaps:
         self.found += zip(before[wide].tolist(), starts[wide].tolist())
         self.reach = float(before[-1])
 
-    def stalls(self, calls: list[tuple[float, float]], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Per window, the time of these gaps inside the calls, in pieces of at least `least` µs."""
-        out = np.zeros(len(lo))
+    def stalls(self, calls: list, lo: np.ndarray, hi: np.ndarray, busy: list) -> tuple[np.ndarray, np.ndarray]:
+        """Per window, the time of these gaps inside the calls, in pieces of at least `least` µs; and the part of it
+        in which `busy` (disjoint intervals, in order) ran."""
+        out, shared = np.zeros(len(lo)), np.zeros(len(lo))
         gaps = [*self.found, (self.reach, np.inf)]
-        starts = [a for a, _ in calls]
+        starts, busy_ends = [a for a, _ in calls], [b for _, b in busy]
         for a, b in gaps:
             i = max(bisect.bisect_right(starts, a) - 1, 0)
             while i < len(calls) and calls[i][0] < b:
                 x, y = max(a, calls[i][0]), min(b, calls[i][1])
                 for j in range(int(np.searchsorted(hi, x, side="right")), int(np.searchsorted(lo, y, side="left"))):
-                    piece = min(y, hi[j]) - max(x, lo[j])
-                    if piece >= self.least:
-                        out[j] += piece
+                    p, q = max(x, lo[j]), min(y, hi[j])
+                    if q - p >= self.least:
+                        out[j] += q - p
+                        k = bisect.bisect_right(busy_ends, p)
+                        while k < len(busy) and busy[k][0] < q:
+                            shared[j] += min(q, busy[k][1]) - max(p, busy[k][0])
+                            k += 1
                 i += 1
-        return out
+        return out, shared
+
+
+def _disjoint(intervals) -> list[tuple[float, float]]:
+    """The union of intervals as disjoint ones, in order."""
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
 
 
 def _calls(trace) -> list[tuple[float, float]]:
     """The calls the step's threads waited in (hosttrace.EXECUTE), merged where they overlap, in order."""
-    merged: list[list[float]] = []
-    for event in sorted(trace.executions, key=lambda e: e.ts):
-        if merged and event.ts <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], event.end)
-        else:
-            merged.append([event.ts, event.end])
-    return [(a, b) for a, b in merged]
+    return _disjoint((e.ts, e.end) for e in trace.executions)
+
+
+def pipeline_work(trace) -> list[tuple[float, float]]:
+    """When the input pipeline's threads ran its functions and ops, merged, in order."""
+    ran = [(e.ts, e.end) for e in trace.executors if e.thread.startswith("tf_data")]
+    return _disjoint(ran + [(e.ts, e.end) for e in trace.data_ops])
 
 
 def _wait_source(waits):

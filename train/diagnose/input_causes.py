@@ -17,7 +17,7 @@ from functools import cached_property
 from train.diagnose import input_wait as iw
 from train.diagnose import stages as st
 from train.diagnose.recommendation import CORRECTNESS, Causes, gain, ms, pct
-from train.diagnose.stalls import working_step
+from train.diagnose.stalls import left_out, working_step
 
 ASSUMED_CORES = 2  # where the profile does not record tf.data's cores (cpu_budget on its Root iterator)
 
@@ -70,10 +70,10 @@ class Pipeline:
 
     @property
     def waits(self) -> str:
-        stall = self.wait.get("stall_ms") or 0.0
-        left_out = f", its {ms(stall)} stall left out" if stall > 0 else ""
+        stall = left_out(self.wait)
+        without = f", without its {ms(stall)} stall" if stall > 0 else ""
         return (
-            f"{pct(self.input_ms, self.step)} of step time ({ms(self.input_ms)} of {ms(self.step)}{left_out}) waits "
+            f"{pct(self.input_ms, self.step)} of step time ({ms(self.input_ms)} of {ms(self.step)}{without}) waits "
             "for input"
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from train.diagnose.recommendation import CORRECTNESS, Recommendation
 from train.diagnose.report import HOW_TO_CAPTURE
+from train.diagnose.stalls import left_out
 
 
 def _summary(run: str, item: dict) -> str:
@@ -18,7 +19,7 @@ def _summary(run: str, item: dict) -> str:
     share = profile["input_bound_percent"]
     wait = profile["input_pipeline"] or {}
     step = wait.get("step_ms") or profile["step_time_ms"]
-    stall = f" ({wait['stall_ms']:.1f} ms of it stalled, left out)" if wait.get("stall_ms") else ""
+    stall = f" ({left_out(wait):.1f} ms of it stalled, left out)" if left_out(wait) > 0 else ""
     return f"{run}: {item['verdict'].upper()}, {share:.1f}% of a {step:.1f} ms step{stall} waits for input ({how}){fix}"
 
 
@@ -43,8 +44,8 @@ def _tree(wait: dict) -> list[str]:
 
 
 def _figures(profile: dict, device: dict) -> list[str]:
-    stall = (profile.get("input_pipeline") or {}).get("stall_ms")
-    without = f" (without the step's {stall:.1f} ms stall, below)" if stall else ""
+    stall = left_out(profile.get("input_pipeline") or {})
+    without = f" (without the step's {stall:.1f} ms stall, below)" if stall > 0 else ""
     busy = device["busy_percent"]
     if busy is not None:
         busy_text = f"{busy:.1f}%"
@@ -70,15 +71,12 @@ def _source(profile: dict, wait: dict) -> str:
     return source
 
 
-BUSY_SHARE = 10.0  # percent of the step without recorded work past which the figures are said to be a busy machine's
-
-
 def _stall(wait: dict) -> list[str]:
     """The step time without recorded work (train/diagnose/stalls.py), where there is any."""
     stall = (wait.get("stall_ms") or 0.0) if wait.get("measured") else 0.0
     if stall <= 0:
         return []
-    found, share = wait["stall"], 100 * stall / wait["step_ms"]
+    found, outside = wait["stall"], left_out(wait)
     parts = []
     if found["gaps_ms"]:
         parts.append(
@@ -87,15 +85,25 @@ def _stall(wait: dict) -> list[str]:
         )
     if found["stretched_steps"]:
         parts.append(
-            f"{found['stretched_ms']:.1f} ms in {found['stretched_steps']} step(s) whose Python or dispatch took far "
-            "longer than the same in the other steps (or work done only in some steps, e.g. a callback every N steps)"
+            f"{found['stretched_ms']:.1f} ms in {found['stretched_steps']} step(s) whose Python, dispatch or model ops "
+            "took far longer than the same in the other steps (or work done only in some steps, e.g. a callback "
+            "every N steps)"
         )
-    busy = " Figures from a busy machine: profile on a quieter one to confirm them." if share >= BUSY_SHARE else ""
-    return [
-        f"  no recorded work: {stall:.1f} ms per step ({share:.0f}% of the step), {'; '.join(parts)}. The process "
-        "was likely descheduled or waiting for a core (other load, or the input pipeline's own threads on the same "
-        f"cores); per-step overhead and the estimates leave it out.{busy}"
-    ]
+    text = f"  no recorded work: {stall:.1f} ms per step ({100 * stall / wait['step_ms']:.0f}% of the step), "
+    text += "; ".join(parts) + ". Per-step overhead leaves it out."
+    if found["pipeline_ms"]:
+        text += (
+            f" In {found['pipeline_ms']:.1f} ms of it the input pipeline's threads ran: the step waited for cores they "
+            "held, which a fix of the pipeline gives back, so shares and estimates count it."
+        )
+    if outside > 0:
+        text += (
+            f" The other {outside:.1f} ms shows no work of the pipeline either: the process was likely descheduled "
+            "(other load), so shares and estimates are of the step without it."
+        )
+        if outside >= 0.1 * wait["step_ms"]:
+            text += " Figures from a busy machine: profile on a quieter one to confirm them."
+    return [text]
 
 
 def _pipeline(wait: dict) -> list[str]:

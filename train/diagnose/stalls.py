@@ -36,15 +36,21 @@ MIN_STEPS = 5  # quartiles of fewer steps say nothing about which one is far out
 BETWEEN = ""  # the label of the caller's time in no event of its own below the step's
 
 
-def split(step_us: list, wait_us: list, compute_us: list, gap_us: list, caller: list[dict]) -> dict:
+def split(step_us: list, wait_us: list, compute_us: list, gaps: tuple[list, list], caller: list[dict]) -> dict:
     """Per step (µs) and on average (ms): the stall, in gaps and in stretched time; the steps stretched.
 
-    `caller`: per step, the training thread's time outside its calls by the innermost event it was in
-    (caller_time). The model's ops are compared across steps the same way: the same ops run every step."""
+    `gaps`: per step, the gaps (activity.py), and the part of them in which the input pipeline's threads ran.
+    `caller`: per step, the training thread's time outside its calls by the innermost event it was in, and the
+    part of it in which the pipeline's threads ran (caller_time). The model's ops are compared across steps the
+    same way: the same ops run every step."""
+    gap_us, shared_us = gaps
     dispatch = [0.0] * len(step_us)
+    shared = [float(s) for s in shared_us]
     for label in set().union(*caller):
-        for i, extra in enumerate(far_out([c.get(label, 0.0) for c in caller])):
+        spent = [c.get(label, (0.0, 0.0)) for c in caller]
+        for i, extra in enumerate(far_out([t for t, _ in spent])):
             dispatch[i] += extra
+            shared[i] += extra * spent[i][1] / spent[i][0] if extra else 0.0
     compute = far_out(compute_us)
     rest = [max(s - w - c - g, 0.0) for s, w, c, g in zip(step_us, wait_us, compute_us, gap_us)]
     dispatch = [min(d, r) for d, r in zip(dispatch, rest)]
@@ -54,6 +60,7 @@ def split(step_us: list, wait_us: list, compute_us: list, gap_us: list, caller: 
         "stall_us": stall,
         "stall_ms": round(sum(stall) / n / 1e3, 3),
         "gaps_ms": round(float(sum(gap_us)) / n / 1e3, 3),
+        "pipeline_ms": round(min(sum(shared), sum(stall)) / n / 1e3, 3),
         "stretched_steps": sum(1 for d, c in zip(dispatch, compute) if d + c > 0),
         "stretched_ms": round((sum(dispatch) + sum(compute)) / n / 1e3, 3),
         "compute_stretched_ms": round(sum(compute) / n / 1e3, 3),
@@ -75,10 +82,10 @@ def apply(report: dict, split: dict) -> None:
     out of per-step overhead and of the model's compute; and the input iterators read per step, so that steps per
     window counts steps, not replicas."""
     report["stall_ms"] = split["stall_ms"]
-    working = report["step_ms"] - split["stall_ms"]  # the step without its stall: the share a fix acts on
-    if split["stall_ms"] > 0 and report["input_ms"] is not None and working > 0:
+    report["stall"] = {k: split[k] for k in ("gaps_ms", "pipeline_ms", "stretched_steps", "stretched_ms")}
+    working = working_step(report)  # the shares a fix acts on
+    if working < report["step_ms"] and report["input_ms"] is not None and working > 0:
         report["input_percent"] = round(100 * report["input_ms"] / working, 1)
-    report["stall"] = {k: split[k] for k in ("gaps_ms", "stretched_steps", "stretched_ms")}
     report["compute_ms"] = round(max(report["compute_ms"] - split["compute_stretched_ms"], 0.0), 3)
     outside = split["stall_ms"] - split["compute_stretched_ms"]  # the rest of the stall lay outside the model's ops
     report["overhead_ms"] = round(max(report["overhead_ms"] - outside, 0.0), 3)
@@ -90,31 +97,41 @@ def apply(report: dict, split: dict) -> None:
 
 
 def working_step(wait: dict) -> float:
-    """The step without its stall: time in which nothing of the step ran, the machine's other load, is no property
-    of the program and no fix removes it. Shares and estimates are of this step."""
-    return max((wait.get("step_ms") or 0.0) - (wait.get("stall_ms") or 0.0), 0.0)
+    """The step without the part of its stall in which nothing of the process ran: the machine's other load is no
+    property of the program, and no fix removes it. Shares and estimates are of this step. The part in which the
+    input pipeline's threads ran stays: on a CPU-only host they held the cores the step waited for, which a fix
+    of the pipeline gives back."""
+    external = (wait.get("stall_ms") or 0.0) - ((wait.get("stall") or {}).get("pipeline_ms") or 0.0)
+    return max((wait.get("step_ms") or 0.0) - max(external, 0.0), 0.0)
 
 
-def caller_time(trace: hosttrace.HostTrace, windows: list[tuple[float, float]]) -> list[dict]:
+def left_out(wait: dict) -> float:
+    """The part of the step's stall in which nothing of the process ran: left out of shares and estimates."""
+    return max((wait.get("step_ms") or 0.0) - working_step(wait), 0.0)
+
+
+def caller_time(trace: hosttrace.HostTrace, windows: list[tuple[float, float]], busy: list) -> list[dict]:
     """Per window, the time of the threads that made calls (hosttrace.EXECUTE) outside those calls, by the
-    innermost event they were in (its name; BETWEEN below none but the step's own)."""
-    found = [defaultdict(float) for _ in windows]
+    innermost event they were in (its name; BETWEEN below none but the step's own): (time, the part of it in which
+    `busy`, the input pipeline's work as disjoint intervals in order, ran)."""
+    found = [defaultdict(lambda: [0.0, 0.0]) for _ in windows]
     callers = {event.tid for event in trace.executions}
-    starts = [lo for lo, _ in windows]
+    starts, busy_ends = [lo for lo, _ in windows], [b for _, b in busy]
     for tid, line in trace.step_lines:
         if tid in callers:
             for a, b, label in _innermost(trace.space, line):
-                _spread(found, windows, starts, a, b, f"{tid}:{label}")
-    return [dict(f) for f in found]
-
-
-def _spread(found: list, windows: list, starts: list, a: float, b: float, label: str) -> None:
-    i = max(bisect.bisect_right(starts, a) - 1, 0)
-    while i < len(windows) and windows[i][0] < b:
-        lo, hi = windows[i]
-        if min(b, hi) > max(a, lo):
-            found[i][label] += min(b, hi) - max(a, lo)
-        i += 1
+                i = max(bisect.bisect_right(starts, a) - 1, 0)
+                while i < len(windows) and windows[i][0] < b:
+                    x, y = max(a, windows[i][0]), min(b, windows[i][1])
+                    if y > x:
+                        spent = found[i][f"{tid}:{label}"]
+                        spent[0] += y - x
+                        k = bisect.bisect_right(busy_ends, x)
+                        while k < len(busy) and busy[k][0] < y:
+                            spent[1] += min(y, busy[k][1]) - max(x, busy[k][0])
+                            k += 1
+                    i += 1
+    return [{label: tuple(spent) for label, spent in f.items()} for f in found]
 
 
 def _innermost(space, line):

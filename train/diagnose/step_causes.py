@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from train.diagnose import analysis
 from train.diagnose.recommendation import Causes, ms, pct
-from train.diagnose.stalls import working_step
+from train.diagnose.stalls import left_out, working_step
 
 TARGET_BATCH = 256
 SPE = 16  # steps_per_execution suggested when the batch cannot grow
@@ -52,11 +52,11 @@ def per_step_overhead(wait: dict, causes: Causes) -> None:
 
 
 def stall_words(wait: dict) -> str:
-    """What per-step overhead leaves out on a busy machine (train/diagnose/stalls.py), said where it did."""
-    stall = wait.get("stall_ms") or 0.0
+    """What the step figure leaves out on a busy machine (train/diagnose/stalls.py), said where it did."""
+    stall = left_out(wait)
     if stall <= 0:
         return ""
-    return f" without its {ms(stall)} stall (no recorded work: its threads waited for a core, no cost of the step)"
+    return f" without its {ms(stall)} stall (nothing of the process ran: other load, no cost of the step)"
 
 
 @dataclass

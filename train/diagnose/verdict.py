@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from train.diagnose.analysis import INPUT_BOUND_HIGH as INPUT_BOUND
 from train.diagnose.device import DeviceView, view
+from train.diagnose.stalls import left_out
 
 
 def verdict(profile: dict, device: DeviceView | None = None) -> str:
@@ -23,8 +24,8 @@ def verdict(profile: dict, device: DeviceView | None = None) -> str:
         return "input-bound"
     if device.cpu_only:  # the CPU is the compute device
         wait = profile.get("input_pipeline") or {}
-        overhead, stall = wait.get("overhead_ms") or 0.0, wait.get("stall_ms") or 0.0
-        return "host-bound" if overhead >= 0.5 * (profile["step_time_ms"] - stall) else "device-bound"
+        overhead = wait.get("overhead_ms") or 0.0
+        return "host-bound" if overhead >= 0.5 * (profile["step_time_ms"] - left_out(wait)) else "device-bound"
     if device.busy_percent is None:
         return "not-input-bound"
     return "device-bound" if device.busy_percent >= 50 else "host-bound"
