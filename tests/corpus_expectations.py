@@ -9,6 +9,15 @@ Recording (profiles every case ROUNDS times into ROOT, diagnoses them all and wr
 
     python -m tests.corpus_expectations ROOT --rounds 3 [--out tests/corpus_expectations.yaml]
 
+Under load (how users profile on busy machines; the analysis must hold there too):
+
+    python -m tests.corpus_expectations ROOT --rounds 5 --hog 2 [--pauses 200] --flips
+
+`--hog N` keeps N busy-loop processes running while the rounds are profiled; `--pauses MS` stops the
+profiling process now and then for up to MS ms (SIGSTOP, then SIGCONT: the process descheduled, as a
+busy host or a throttled container does it); `--flips` prints, per case, how many profiles under ROOT
+have another first cause than the planted one and how many disagree with the record, and writes nothing.
+
 `--fixes` prints, for the cases with a fixed pipeline, the first fix's estimated gain and the gain
 per example measured on the fixed pipeline's profiles (the README's table). Profiles already under
 ROOT/round_N/ are reused, so rounds made at different times (quiet, and
@@ -22,6 +31,10 @@ gone wrong by more than that, not a small drift; verdicts and first causes are c
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -121,6 +134,53 @@ def _profile_rounds(root: Path, rounds: int) -> None:
                 print(f"profiled {key} (round {number})", file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def busy_machine(hogs: int = 0, pauses_ms: float = 0.0):
+    """Other load on the machine while the block runs: `hogs` busy-loop processes; and, with `pauses_ms`, a
+    process that stops this one for up to that long every 0.2-1 s. Only the processes started here are ended."""
+    started = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    if pauses_ms:
+        started.append(subprocess.Popen([sys.executable, "-c", _PAUSER, str(os.getpid()), str(pauses_ms)]))
+    try:
+        yield
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+        os.kill(os.getpid(), signal.SIGCONT)  # in case the pauser was ended between its stop and its continue
+
+
+_PAUSER = """
+import os, random, signal, sys, time
+pid, longest = int(sys.argv[1]), float(sys.argv[2]) / 1e3
+while True:
+    time.sleep(random.uniform(0.2, 1.0))
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(random.uniform(0.25, 1.0) * longest)
+    os.kill(pid, signal.SIGCONT)
+"""
+
+
+def flips(root: Path) -> dict:
+    """Per case: (profiles, first cause not the planted one, disagreeing with the record) over the profiles under
+    ROOT, as diagnose sees them now."""
+    from tests.test_diagnose_corpus import PLANTED
+    from train.diagnose.report import diagnose
+
+    expected, found = load(), defaultdict(lambda: [0, 0, 0])
+    for logdir in sorted(root.glob("round_*/*")):
+        key = logdir.name.replace("__", "/")
+        if key not in expected:
+            continue
+        (item,) = diagnose(logdir)["runs"].values()
+        planted = PLANTED.get(split(key)[0])
+        counts = found[key]
+        counts[0] += 1
+        counts[1] += bool(planted and _first(item)[0] != planted)
+        counts[2] += bool(mismatches(expected[key], item))
+    return dict(found)
+
+
 def record(root: Path, rounds: int, out: Path) -> dict:
     from tests.test_diagnose_corpus import PLANTED
     from tests.user_pipelines import ALL
@@ -184,7 +244,21 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=FILE)
     parser.add_argument("--fixes", action="store_true", help="print estimated and measured gains of the first fixes")
+    parser.add_argument("--hog", type=int, default=0, help="busy-loop processes to run while profiling")
+    parser.add_argument(
+        "--pauses", type=float, default=0.0, help="stop the profiling process for up to MS ms now and then"
+    )
+    parser.add_argument("--flips", action="store_true", help="count first causes that are not the planted one")
     args = parser.parse_args()
+    if args.hog or args.pauses:
+        with busy_machine(args.hog, args.pauses):
+            _profile_rounds(args.root, args.rounds)
+    if args.flips:
+        if not (args.hog or args.pauses):
+            _profile_rounds(args.root, args.rounds)
+        for key, (profiles, planted, disagree) in sorted(flips(args.root).items()):
+            print(f"{key:40s} profiles {profiles}  first not planted {planted}  disagrees with the record {disagree}")
+        sys.exit(0)
     if args.fixes:
         for case, figures in fixes(args.root).items():
             print(f"{case:28s} estimated {figures['estimated']}  measured {figures['measured']}")

@@ -180,6 +180,67 @@ def test_a_device_plane_without_events_is_no_device_busy_figure_of_zero(logs, tm
     assert "device busy: not measured" in diagnose.render({"runs": {".": item}})
 
 
+def test_the_profilers_own_errors_reach_the_diagnosis(logs, tmp_path):
+    """TensorFlow writes what went wrong while capturing into the profile (XSpace errors), e.g. CUPTI refusing a
+    non-root process the GPU trace (the text of TF's CuptiTracer::ErrorIfAny). Without summary.json, that error alone
+    tells a GPU run whose device trace was refused from a CPU-only one, and the diagnosis quotes it."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from train.diagnose import xspace
+
+    refused = "vm: Insufficient privilege to run libcupti (you need root permission)."
+    run = tmp_path / "refused"
+    shutil.copytree(logs / "fast", run)
+    xplane = next(run.rglob("*.xplane.pb"))
+    for cached in xplane.parent.iterdir():
+        if cached != xplane:
+            cached.unlink()
+    space = xplane_pb2.XSpace.FromString(xplane.read_bytes())
+    space.errors.append(refused)
+    space.warnings.append("cupti activity buffer full")
+    xplane.write_bytes(space.SerializeToString())
+    with xspace.XSpaceFile(xplane) as read:
+        assert (read.errors, read.warnings, read.hostnames) == (list(space.errors), list(space.warnings), ["vm"])
+    item = diagnose.diagnose(run)["runs"]["."]
+    assert item["profile"]["profiler_errors"] == [refused]
+    assert item["profile"]["profiler_warnings"] == ["cupti activity buffer full"]
+    assert not item["device"]["cpu_only"] and item["verdict"] == "not-input-bound"
+    assert refused in item["device"]["unmeasured"] and "SYS_ADMIN" in item["device"]["unmeasured"]
+    assert refused in diagnose.render({"runs": {".": item}})
+    plain = diagnose.diagnose(logs / "fast")["runs"]["."]  # the same profile without the error: CPU-only
+    assert plain["profile"]["profiler_errors"] == [] and plain["device"]["cpu_only"]
+
+
+def test_only_far_out_time_of_a_millisecond_or_more_is_taken_for_a_stall():
+    """Per step, the caller's time by the event it was in: the one step stopped for 150 ms in the same event as the
+    others is a stall; jitter, microseconds in events only some steps have, and fewer than five steps are not. What
+    of it passed while the input pipeline ran stays in the step (its threads held the cores)."""
+    from train.diagnose import stalls
+
+    n = 11
+    times = [{"train": 100.0, "dispatch": 200.0 + 20 * (i % 3), "rare": 30.0 * (i in (2, 7))} for i in range(n)]
+    times[5]["train"] += 150_000.0
+    caller = [{label: (t, 0.0) for label, t in c.items()} for c in times]
+    caller[5]["train"] = (times[5]["train"], times[5]["train"] / 3)  # the pipeline ran in a third of it
+    step = [sum(c.values()) + 1000.0 for c in times]
+    compute = [500.0] * n
+    compute[8] = 40_500.0  # the model's same ops, 40 ms longer in one step: stopped inside an op
+    step[8] += 40_000.0
+    no_gaps = ([0.0] * n, [0.0] * n)
+    found = stalls.split(step, [500.0] * n, compute, no_gaps, caller)
+    assert found["stretched_steps"] == 2
+    assert found["stall_us"][5] == pytest.approx(150_000.0) and found["stall_us"][8] == pytest.approx(40_000.0)
+    assert sum(found["stall_us"]) == pytest.approx(190_000.0)
+    assert found["compute_stretched_ms"] == pytest.approx(40.0 / n, abs=1e-3)
+    assert found["pipeline_ms"] == pytest.approx(50.0 / n, abs=1e-2)
+    few = stalls.split(step[:4], [500.0] * 4, compute[:4], ([0.0] * 4, [0.0] * 4), caller[:4])
+    assert few["stall_ms"] == 0.0 and few["stretched_steps"] == 0
+    gaps = stalls.split(step, [500.0] * n, [500.0] * n, ([1500.0] * n, [500.0] * n), [{}] * n)  # from activity.py
+    assert (gaps["stall_ms"], gaps["gaps_ms"], gaps["pipeline_ms"]) == pytest.approx((1.5, 1.5, 0.5))
+    wait = {"step_ms": 10.0, "stall_ms": 1.5, "stall": {"pipeline_ms": 0.5}}
+    assert (stalls.working_step(wait), stalls.left_out(wait)) == pytest.approx((9.0, 1.0))
+
+
 def test_folder_without_profiles_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="No TensorBoard profile"):
         diagnose.diagnose(tmp_path)

@@ -8,7 +8,12 @@ itself is, is measured by a benchmark (`make bench-diagnose`), never asserted he
 """
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
 
+import keras
 import pytest
 
 from tests import corpus_expectations, user_pipelines
@@ -145,6 +150,62 @@ def test_a_prefetch_below_the_root_does_not_hide_the_one_missing_at_the_root(pro
     ]
     prefetch = _structural(item)["no-prefetch"]
     assert prefetch.stage.endswith("BatchV2") and "runs only what lies below it ahead" in prefetch.evidence
+
+
+# Resumes a stopped process: waits, then sends SIGCONT until /proc says the process runs again.
+_RESUMER = """
+import os, signal, sys, time
+pid, after = int(sys.argv[1]), float(sys.argv[2])
+time.sleep(after)
+while True:
+    os.kill(pid, signal.SIGCONT)
+    time.sleep(0.01)
+    if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+        break
+"""
+
+
+class _Descheduled(keras.callbacks.Callback):
+    """Stops the whole process (SIGSTOP: every thread, as a host busy with other work or a throttled container
+    deschedules it) for `seconds` at the start of the given steps, inside their step marker, until a separate
+    process resumes it. Nothing in the model, the pipeline or the trace is touched: the profile is real."""
+
+    def __init__(self, steps: set[int], seconds: float):
+        super().__init__()
+        self.steps, self.seconds, self.stopped = steps, seconds, 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch in self.steps:
+            resumer = subprocess.Popen([sys.executable, "-c", _RESUMER, str(os.getpid()), str(self.seconds)])
+            os.kill(os.getpid(), signal.SIGSTOP)
+            resumer.wait(timeout=60)
+            self.stopped += 1
+
+
+@pytest.mark.parametrize("case", ["numpy_function_map", "generator_python_decode"])
+def test_a_process_descheduled_mid_step_is_a_stall_not_per_step_overhead(tmp_path, case):
+    """Two steps of ten stopped for 0.15 s each (the process descheduled by other load): without telling that time
+    apart, it is per-step overhead, and a larger batch (small-batch) outranks the planted cause. The diagnosis must
+    still name the planted cause first and report the stopped time as the step's stall."""
+    from train.measure.profiling import StepTraceProfiler
+
+    files = user_pipelines.make_files(tmp_path / "files")
+    dataset, model, fit_args = user_pipelines.ALL[case](files)
+    start = user_pipelines.START
+    paused = _Descheduled({start + 3, start + 7}, seconds=0.15)
+    profiler = StepTraceProfiler(tmp_path / "run", start_step=start, num_steps=user_pipelines.STEPS)
+    model.fit(dataset, verbose=0, callbacks=[profiler, paused], **fit_args)  # the marker opens before the pause
+    assert paused.stopped == 2
+    item = _only_run(tmp_path / "run")
+    _check_first_cause(item, case)
+    wait = item["profile"]["input_pipeline"]
+    stopped_per_step = 2 * 150.0 / wait["steps"]
+    assert wait["stall_ms"] >= 0.8 * stopped_per_step, wait["stall"]
+    assert wait["stall"]["stretched_steps"] >= 2
+    small = next((r for r in item["recommendations"] if r["cause"] == "small-batch"), None)
+    assert small is None or small["removes_ms"] < 0.25 * stopped_per_step, small
+    text = diagnose.render({"runs": {".": item}})
+    assert "no recorded work" in text and "descheduled" in text
 
 
 EXPECTED = corpus_expectations.load()

@@ -11,6 +11,8 @@ a damaged large file, and (slow) a profile of hundreds of MB read in bounded mem
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -114,7 +116,7 @@ def _read_by_the_analysis(e: dict) -> bool:
     return (
         name.startswith("Iterator::")
         or name in hosttrace.GET_NEXT
-        or name in (hosttrace.EXECUTOR, hosttrace.PROFILED_BATCH)
+        or name in (hosttrace.EXECUTOR, hosttrace.EXECUTE, hosttrace.PROFILED_BATCH)
         or (tf_data and (name.startswith(hosttrace.FUNCTION_CALL) or "is_eager" in args))
         or "step_num" in args
         or ("tf_function_call" in args and e["thread"] == "python")
@@ -162,8 +164,61 @@ def test_the_reader_yields_the_events_of_xprofs_own_conversion(profiles, how):
         if how == "spe4":  # xprof groups steps_per_execution's loop iterations: our markers get no group
             assert steps.source == step_windows.EXECUTIONS
         _check_compute(old, trace, steps)
+        _check_stall(old, trace, steps)
     finally:
         trace.close()
+
+
+def _merge(intervals: list) -> list:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def _check_stall(old: list[dict], trace, steps, least: float = 20.0) -> None:
+    """Per step: the time the caller waited in its calls with nothing of the step recorded, in gaps of `least` µs or
+    more, computed directly from xprof's events (a threshold low enough that every profile has such gaps)."""
+    mine = [e for e in old if e["name"] == hosttrace.EXECUTE and not e["thread"].startswith("tf_data")]
+    calls = [(e["ts"], e["end"]) for e in mine]
+    callers = {e["tid"] for e in mine}
+    work = [
+        (e["ts"], e["end"])
+        for e in old
+        if e["end"] > e["ts"]
+        and not e["thread"].startswith("tf_data")
+        and (e["tid"] not in callers or "is_eager" in e["args"])
+        and not e["name"].startswith("ThreadpoolListener::")  # instants in the file, paired into regions by xprof
+    ]
+    work += [(e["ts"], e["end"]) for e in old if e["name"] in input_wait.GET_NEXT]
+    work.sort()
+    gaps, reach = [], -np.inf
+    for a, b in work:
+        if a - reach >= least:
+            gaps.append((reach, a))
+        reach = max(reach, b)
+    gaps.append((reach, np.inf))
+    expected = []
+    for lo, hi in steps.windows:
+        pieces = [
+            min(b, c1, hi) - max(a, c0, lo)
+            for a, b in gaps
+            for c0, c1 in _merge(calls)
+            if min(b, c1, hi) - max(a, c0, lo) >= least
+        ]
+        expected.append(sum(pieces))
+    waits = sorted((e["ts"], e["end"]) for e in old if e["name"] in input_wait.GET_NEXT)
+    original = activity.STALL_GAP_US
+    activity.STALL_GAP_US = least
+    try:
+        measured = activity.measure(trace, steps.windows, waits)["stall_us"]
+    finally:
+        activity.STALL_GAP_US = original
+    assert sum(expected) > 0, "no gap to compare: lower `least`"
+    np.testing.assert_allclose(measured, expected, rtol=1e-6, atol=1e-3)
 
 
 def _check_compute(old: list[dict], trace, steps) -> None:
@@ -356,6 +411,50 @@ def test_bytes_damaged_anywhere_give_a_diagnosis_or_one_paragraph(profiles, tmp_
         item = diagnose.diagnose(path.parents[3])["runs"]["."]
         if item["verdict"] == "unreadable":
             assert str(path) in item["error"] and "\n" not in item["error"], item["error"]
+
+
+_MIRRORED = """
+import sys
+import keras, numpy as np, tensorflow as tf
+from train.measure.profiling import StepTraceProfiler
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+images, labels = np.zeros((256, 16, 16, 3), np.uint8), np.zeros((256,), np.int64)
+ds = tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(16).prefetch(2)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(4, 3, strides=2), keras.layers.Flatten(),
+                              keras.layers.Dense(4)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(ds, steps_per_epoch=12, verbose=0, callbacks=[StepTraceProfiler(sys.argv[1], start_step=2, num_steps=6)])
+"""
+
+
+def test_steps_per_execution_reads_one_iterator_several_times_per_call(profiles):
+    """steps_per_execution 4: each call of the train function reads the same iterator four times."""
+    item = diagnose.diagnose(profiles["spe4"].parents[3])["runs"]["."]
+    wait = item["profile"]["input_pipeline"]
+    assert (wait["steps_per_window"], wait["replicas"]) == (4, 1)
+    assert "each 4 training steps (steps_per_execution)" in diagnose_text(item)
+
+
+@pytest.mark.slow
+def test_replicas_of_a_distribution_strategy_are_no_steps_per_execution(tmp_path):
+    """MirroredStrategy over two (logical) devices: each step reads one batch per replica, from an iterator of its
+    own, so two reads in a step are two replicas, not two steps of steps_per_execution."""
+    subprocess.run([sys.executable, "-c", _MIRRORED, str(tmp_path / "mirrored")], check=True, timeout=300)
+    item = diagnose.diagnose(tmp_path / "mirrored")["runs"]["."]
+    wait = item["profile"]["input_pipeline"]
+    assert wait["getnext_per_step"] == pytest.approx(2, abs=0.1)
+    assert (wait["steps_per_window"], wait["replicas"]) == (1, 2)
+    text = diagnose_text(item)
+    assert "2 replicas" in text and "training steps (steps_per_execution)" not in text
+
+
+def diagnose_text(item: dict) -> str:
+    from train.diagnose import render
+
+    return render({"runs": {".": item}})
 
 
 def test_analyze_run_reads_the_newest_sub_run_not_the_first_by_name(profiles, tmp_path):

@@ -15,11 +15,18 @@ Per step window:
 - per device: busy (the union of its kernels inside the step, across streams: the time in
   which any kernel ran, what NVML calls utilization), kernels started, copy time by
   direction (host to device, device to host, device to device);
-- launch: time the host spent in CUDA launch calls.
+- launch: time the host spent in CUDA launch calls;
+- stall: time in which the step's thread waited inside a call it made (hosttrace.EXECUTE: a tf.function's
+  run) while nothing of the step was recorded anywhere: no event on the step's other threads (the executor
+  running its ops), no device activity, no input wait. Only gaps of STALL_GAP_US or more count: a hand-off
+  between threads takes microseconds; a gap of a millisecond is a thread waiting for a core (the process
+  descheduled by other load, or its own input pipeline holding the cores) or for something the trace does not
+  record; and of that, the part in which the input pipeline's threads ran (the cores they held).
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterator
 
@@ -27,7 +34,8 @@ import numpy as np
 
 from train.diagnose import hosttrace, xspace
 
-HOST_OPS, LAUNCHES = 0, 1
+HOST_OPS, LAUNCHES, WORK, WAITS = 0, 1, 2, 3  # WORK: any other event on a thread of the step but its caller's
+STALL_GAP_US = 1000.0  # a gap in the step's recorded work this long is no hand-off between threads (see above)
 MERGE_BYTES = 48 << 20  # read ahead over all sources together: memory does not grow with the streams' count
 KERNEL, H2D, D2H, D2D, MEMSET = range(5)
 _COPIES = (
@@ -193,7 +201,7 @@ def _host_kinds(plane: xspace.Plane, grouped: bool) -> tuple[np.ndarray, np.ndar
         elif hosttrace.CUDA_LAUNCHES.match(name):
             kinds.append(LAUNCHES)
         else:
-            kinds.append(-1)
+            kinds.append(WORK)
     return np.asarray(ids, dtype=np.int64), np.asarray(kinds, dtype=np.int64)
 
 
@@ -210,6 +218,26 @@ def measure(trace: hosttrace.HostTrace, windows: list[tuple[float, float]], wait
             return _measure(trace, windows, waits, unsorted)
         except _Unsorted as error:
             unsorted.add(id(error.line))
+
+
+def device_figures(work: dict, n: int) -> dict | None:
+    """Per analysed step, averaged over the devices: kernel busy time, kernels, copies; host launch time."""
+    devices = work["devices"]
+    if not devices:
+        return None
+
+    def mean(key: str) -> float:
+        return float(sum(d[key].sum() for d in devices)) / len(devices) / n
+
+    return {
+        "devices": [d["name"] for d in devices],
+        "busy_ms": round(mean("busy_us") / 1e3, 3),
+        "kernels_per_step": round(mean("kernels"), 1),
+        "h2d_ms": round(mean("h2d_us") / 1e3, 3),
+        "d2h_ms": round(mean("d2h_us") / 1e3, 3),
+        "d2d_ms": round(mean("d2d_us") / 1e3, 3),
+        "launch_ms": round(float(work["launch_us"].sum()) / n / 1e3, 3),
+    }
 
 
 def _pieces(lo: np.ndarray, hi: np.ndarray, waits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -234,16 +262,18 @@ def _measure(trace, windows, waits, unsorted: set[int]) -> dict:
     compute_edges = np.unique(np.concatenate([lo, hi, wait_lo, wait_hi]))
     unions = {HOST_OPS: _Union(compute_edges), LAUNCHES: _Union(window_edges)}
     compute = _Union(compute_edges)
+    gaps = _Gaps(STALL_GAP_US)
     for d in range(len(devices)):
         for kind in (KERNEL, H2D, D2H, D2D):
             unions[8 + 8 * d + kind] = _Union(window_edges)
     kernels = np.zeros((len(devices), n), dtype=np.int64)
 
-    for starts, ends, tags in _merged(_sources(trace, devices, unsorted)):
+    for starts, ends, tags in _merged(_sources(trace, devices, unsorted) + [_wait_source(waits)]):
+        gaps.feed(starts, ends)
         at = np.searchsorted(lo, starts, side="right") - 1
         inside = (at >= 0) & (starts < hi[np.maximum(at, 0)])
         clipped = np.minimum(ends, hi[np.maximum(at, 0)])
-        counted = inside & (tags != LAUNCHES)
+        counted = inside & (tags != LAUNCHES) & (tags != WORK) & (tags != WAITS)
         compute.feed(starts[counted], clipped[counted])
         order = np.argsort(tags, kind="stable")  # one group per tag, each still in order of start
         bounds = np.flatnonzero(np.diff(tags[order])) + 1
@@ -267,10 +297,13 @@ def _measure(trace, windows, waits, unsorted: set[int]) -> dict:
         np.subtract.at(busy, owner, total(union, compute_edges, wait_lo, wait_hi))
         return np.maximum(busy, 0.0)
 
+    stall, stall_pipeline = gaps.stalls(_calls(trace), lo, hi, pipeline_work(trace))
     return {
         "compute_us": outside_waits(compute),
         "host_compute_us": outside_waits(unions[HOST_OPS]),
         "launch_us": total(unions[LAUNCHES], window_edges, lo, hi),
+        "stall_us": stall,
+        "stall_pipeline_us": stall_pipeline,
         "devices": [
             {
                 "name": plane.name,
@@ -285,18 +318,95 @@ def _measure(trace, windows, waits, unsorted: set[int]) -> dict:
     }
 
 
+class _Gaps:
+    """The gaps of at least `least` µs in the union of intervals fed in order of start (from -inf to +inf)."""
+
+    def __init__(self, least: float):
+        self.least = least
+        self.reach = -np.inf
+        self.found: list[tuple[float, float]] = []
+
+    def feed(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        if not len(starts):
+            return
+        before = np.maximum.accumulate(np.concatenate(([self.reach], ends)))  # the reach before each interval
+        wide = np.flatnonzero(starts - before[:-1] >= self.least)
+        self.found += zip(before[wide].tolist(), starts[wide].tolist())
+        self.reach = float(before[-1])
+
+    def stalls(self, calls: list, lo: np.ndarray, hi: np.ndarray, busy: list) -> tuple[np.ndarray, np.ndarray]:
+        """Per window, the time of these gaps inside the calls, in pieces of at least `least` µs; and the part of it
+        in which `busy` (disjoint intervals, in order) ran."""
+        out, shared = np.zeros(len(lo)), np.zeros(len(lo))
+        gaps = [*self.found, (self.reach, np.inf)]
+        starts, busy_ends = [a for a, _ in calls], [b for _, b in busy]
+        for a, b in gaps:
+            i = max(bisect.bisect_right(starts, a) - 1, 0)
+            while i < len(calls) and calls[i][0] < b:
+                x, y = max(a, calls[i][0]), min(b, calls[i][1])
+                for j in range(int(np.searchsorted(hi, x, side="right")), int(np.searchsorted(lo, y, side="left"))):
+                    p, q = max(x, lo[j]), min(y, hi[j])
+                    if q - p >= self.least:
+                        out[j] += q - p
+                        k = bisect.bisect_right(busy_ends, p)
+                        while k < len(busy) and busy[k][0] < q:
+                            shared[j] += min(q, busy[k][1]) - max(p, busy[k][0])
+                            k += 1
+                i += 1
+        return out, shared
+
+
+def _disjoint(intervals) -> list[tuple[float, float]]:
+    """The union of intervals as disjoint ones, in order."""
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _calls(trace) -> list[tuple[float, float]]:
+    """The calls the step's threads waited in (hosttrace.EXECUTE), merged where they overlap, in order."""
+    return _disjoint((e.ts, e.end) for e in trace.executions)
+
+
+def pipeline_work(trace) -> list[tuple[float, float]]:
+    """When the input pipeline's threads ran its functions and ops, merged, in order."""
+    ran = [(e.ts, e.end) for e in trace.executors if e.thread.startswith("tf_data")]
+    return _disjoint(ran + [(e.ts, e.end) for e in trace.data_ops])
+
+
+def _wait_source(waits):
+    """The input waits as one more source of recorded work, in order of start."""
+    if waits:
+        starts, ends = (np.asarray(p, dtype=float) for p in zip(*sorted(waits)))
+        yield starts, ends, np.full(len(starts), WAITS, dtype=np.int64)
+
+
 def _sources(trace, devices, unsorted: set[int]) -> list:
     space = trace.space
     ops = {id(line) for line in trace.op_lines}
     launches = {id(line) for line in trace.launch_lines}
-    host = list({id(line): line for line in trace.op_lines + trace.launch_lines}.values())
+    callers = {event.tid for event in trace.executions}  # their own events wrap waits, not work (see STALL_GAP_US)
+    work = {id(line) for tid, line in trace.step_lines if tid not in callers}
+    lines = {id(line): line for line in trace.op_lines + trace.launch_lines}
+    lines.update((id(line), line) for tid, line in trace.step_lines if id(line) in work)
+    host = list(lines.values())
     streams = [(d, line) for d, plane in enumerate(devices) for line in plane.lines if line.thread not in DERIVED_LINES]
     # every source holds one block while the merge waits on the others: share a fixed budget between them
     block_bytes = int(np.clip(MERGE_BYTES // max(len(host) + len(streams), 1), 256 << 10, xspace.BLOCK_BYTES))
     tables = {}
     sources = []
     for line in host:
-        wanted = np.array([HOST_OPS if id(line) in ops else -1, LAUNCHES if id(line) in launches else -1])
+        wanted = np.array(
+            [
+                HOST_OPS if id(line) in ops else (WORK if id(line) in work else -1),
+                LAUNCHES if id(line) in launches else (WORK if id(line) in work else -1),
+                WORK if id(line) in work else -1,
+            ]
+        )
         if id(line.plane) not in tables:
             tables[id(line.plane)] = _host_kinds(line.plane, trace.grouped)
         table = tables[id(line.plane)]

@@ -104,8 +104,11 @@ def analyze_session(session: Path) -> dict:
         raise ProfileError(f"{session} holds no .xplane.pb file")
     size_mb = sum(Path(x).stat().st_size for x in xplanes) / 1e6
     wait, steps, planes_say = None, None, "CPU_ONLY"
+    said: dict[str, list[str]] = {"errors": [], "warnings": []}  # by the profiler while capturing, e.g. CUPTI's
     for xplane in xplanes:  # every host file must be readable; the first with steps is analysed
         trace = hosttrace.load(xplane)
+        said["errors"] += [e for e in trace.space.errors if e not in said["errors"]]
+        said["warnings"] += [w for w in trace.space.warnings if w not in said["warnings"]]
         try:
             found = step_windows.find(trace)
             if wait is None and found is not None:
@@ -133,6 +136,9 @@ def analyze_session(session: Path) -> dict:
         profile_mb=round(size_mb, 2),
         analysis_seconds=round(time.perf_counter() - started, 1),
         skipped=[] if xprof else [_SKIPPED_XPROF.format(mb=size_mb)],
+        stall_ms=wait.get("stall_ms") if wait.get("measured") else None,
+        profiler_errors=said["errors"],
+        profiler_warnings=said["warnings"],
     )
     profile["large_profile"] = _large_note(profile) if size_mb >= LARGE_MB else None
     return profile
@@ -190,7 +196,7 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
             step_time_ms=wait["step_ms"],
             input_ms=wait["input_ms"],
             host_compute_ms=wait["host_compute_ms"] if device else wait["compute_ms"],
-            other_ms=wait["overhead_ms"],
+            other_ms=round(wait["overhead_ms"] + (wait.get("stall_ms") or 0.0), 3),  # a stall is "other" here too
         )
         if device:
             figures.update(

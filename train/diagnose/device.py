@@ -6,7 +6,10 @@ to trace the GPU (CUPTI_ERROR_INSUFFICIENT_PRIVILEGES) where the driver restrict
 admins, its default, as inside a container without SYS_ADMIN. The profile then holds host events
 only and looks CPU-only; the run's own record (summary.json, which this template writes, and
 `device_kind` in it) says a GPU was there. A device-busy figure of zero would be false then: the
-share is unmeasured, and the diagnosis says why and how to get it.
+share is unmeasured, and the diagnosis says why and how to get it. The profiler writes what went
+wrong into the profile itself (XSpace `errors`, e.g. "Insufficient privilege to run libcupti (you
+need root permission)."): quoted where the device trace is missing, and on its own enough to tell a
+GPU run whose trace was refused from a CPU-only one.
 """
 
 from __future__ import annotations
@@ -49,16 +52,37 @@ def run_record(session: Path) -> dict:
     return {}
 
 
+REFUSED = ("insufficient privilege", "cupti_error_insufficient_privileges")  # the profiler's words for a refused trace
+NOT_LOADED = "failed to load libcupti"  # a GPU was found but its tracing library was not
+CUPTI_MISSING = (
+    "TensorFlow found a GPU but could not load CUPTI, the library its GPU tracer needs: put the CUDA toolkit's "
+    "CUPTI (extras/CUPTI/lib64, or the nvidia-cuda-cupti wheel's lib folder) on LD_LIBRARY_PATH, or profile in "
+    "an image that ships it (NVIDIA's TensorFlow containers, which this template's Dockerfile builds on)."
+)
+
+
+def _said(profile: dict) -> str:
+    """What the profiler reported while capturing (the profile's XSpace errors), quoted, or ""."""
+    errors = profile.get("profiler_errors") or []
+    if not errors:
+        return ""
+    return " The profiler itself reported: " + "; ".join(f'"{e.strip()}"' for e in errors[:3]) + "."
+
+
 def view(profile: dict, record: dict | None = None) -> DeviceView:
     record = record or {}
     has_device = profile["device_busy_percent"] is not None
-    if not has_device and record.get("device_kind") == "gpu":
+    errors = [e.lower() for e in profile.get("profiler_errors") or []]
+    refused = any(word in e for e in errors for word in REFUSED)
+    not_loaded = any(NOT_LOADED in e for e in errors)
+    if not has_device and (record.get("device_kind") == "gpu" or refused or not_loaded):
         gpu = record.get("device") or "a GPU"
+        why = "its summary.json says so" if record.get("device_kind") == "gpu" else "the profiler's errors say so"
         return DeviceView(
             False,
             None,
-            f"No device trace: the run trained on {gpu} (its summary.json says so), but this profile holds host "
-            f"events only. {CUPTI_FIX}",
+            f"No device trace: the run trained on {gpu} ({why}), but this profile holds host events only."
+            f"{_said(profile)} {CUPTI_MISSING if not_loaded and not refused else CUPTI_FIX}",
         )
     if not has_device:
         return DeviceView(True, None, None)
@@ -76,6 +100,6 @@ def view(profile: dict, record: dict | None = None) -> DeviceView:
             False,
             None,
             f"No device trace: this {profile['hardware_type']} profile's device plane holds no compute in any "
-            f"step. {CUPTI_FIX}",
+            f"step.{_said(profile)} {CUPTI_FIX}",
         )
     return DeviceView(False, profile["device_busy_percent"], None)

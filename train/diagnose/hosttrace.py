@@ -31,6 +31,9 @@ from train.diagnose import xspace
 GET_NEXT = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute")
 FUNCTION_CALL = "InstantiatedCapturedFunction::"
 EXECUTOR = "ExecutorState::Process"
+# The calling thread runs a tf.function (or an eager op) and waits inside this until it returns: while it does,
+# the work of the call shows on other threads (the executor's ops), on the devices, or as an input wait.
+EXECUTE = "KernelAndDeviceFunc::Run"
 PROFILED_BATCH = "Profiled batch"
 # The stats the analysis reads (input_wait.py, step_windows.py), and what the grouping below needs.
 ARGS = {
@@ -110,6 +113,9 @@ class HostTrace:
     calls: list[Event] = field(default_factory=list)  # tf.data function calls, on tf.data threads
     executors: list[Event] = field(default_factory=list)
     data_ops: list[Event] = field(default_factory=list)  # TensorFlow ops on tf.data threads
+    executions: list[Event] = field(default_factory=list)  # EXECUTE on threads outside tf.data (the callers')
+    # (plane, line) and line of every host line outside tf.data with a timed event: threads of the training step
+    step_lines: list = field(default_factory=list)
 
     def named(self, *names: str) -> list[Event]:
         wanted = set(names)
@@ -191,7 +197,7 @@ def is_tf_op(name: str) -> bool:
 
 def _kind(name: str, display: str, grouped: bool) -> int:
     shown = display or name
-    if shown.startswith("Iterator::") or shown in GET_NEXT or shown == EXECUTOR or shown == PROFILED_BATCH:
+    if shown.startswith("Iterator::") or shown in GET_NEXT or shown in (EXECUTOR, EXECUTE, PROFILED_BATCH):
         return KEEP
     if shown.startswith(FUNCTION_CALL):
         return CALL
@@ -311,6 +317,8 @@ def _index(trace: HostTrace) -> None:
             trace.get_next.append(event)
         elif name == EXECUTOR:
             trace.executors.append(event)
+        elif name == EXECUTE and not event.thread.startswith("tf_data"):
+            trace.executions.append(event)
         elif event.thread.startswith("tf_data"):
             if name.startswith(FUNCTION_CALL):
                 trace.calls.append(event)
@@ -348,13 +356,14 @@ def _read_line(trace: HostTrace, space, plane, kinds: _PlaneKinds, names: _Names
     thread = line.thread.split("/")[0] or "?"
     tf_data = thread.startswith("tf_data")
     tid = (plane.index, number)
-    has_ops = has_launches = False
+    has_ops = has_launches = timed_any = False
     base_ps = line.timestamp_ns * 1000
     append = trace.events.append
     for block in space.events(line):
         kind = kinds.of(block.metadata_id)
         timed = block.duration_ps > 0
         trace.host_events += int(np.count_nonzero(timed))
+        timed_any = timed_any or bool(timed.any())
         has_ops = has_ops or bool(np.any((kind == OP) & timed))
         has_launches = has_launches or bool(np.any(kind == LAUNCH))
         keep = timed & ((kind == KEEP) | (kind == CALL) | ((kind == OP) & tf_data))
@@ -381,6 +390,8 @@ def _read_line(trace: HostTrace, space, plane, kinds: _PlaneKinds, names: _Names
         trace.op_lines.append(line)
     if has_launches:
         trace.launch_lines.append(line)
+    if timed_any and not tf_data:
+        trace.step_lines.append((tid, line))
 
 
 def _nest(events: list[Event]) -> None:

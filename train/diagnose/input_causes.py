@@ -17,6 +17,7 @@ from functools import cached_property
 from train.diagnose import input_wait as iw
 from train.diagnose import stages as st
 from train.diagnose.recommendation import CORRECTNESS, Causes, gain, ms, pct
+from train.diagnose.stalls import left_out, working_step
 
 ASSUMED_CORES = 2  # where the profile does not record tf.data's cores (cpu_budget on its Root iterator)
 
@@ -35,7 +36,7 @@ class Pipeline:
 
     @property
     def step(self) -> float:
-        return self.wait["step_ms"]
+        return working_step(self.wait)
 
     @property
     def input_ms(self) -> float:
@@ -69,7 +70,12 @@ class Pipeline:
 
     @property
     def waits(self) -> str:
-        return f"{pct(self.input_ms, self.step)} of step time ({ms(self.input_ms)} of {ms(self.step)}) waits for input"
+        stall = left_out(self.wait)
+        without = f", without its {ms(stall)} stall" if stall > 0 else ""
+        return (
+            f"{pct(self.input_ms, self.step)} of step time ({ms(self.input_ms)} of {ms(self.step)}{without}) waits "
+            "for input"
+        )
 
 
 @dataclass

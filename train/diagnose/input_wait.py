@@ -28,10 +28,11 @@ from __future__ import annotations
 import bisect
 import functools
 import re
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from train.diagnose import activity
+from train.diagnose import activity, stalls
 from train.diagnose.hosttrace import EXECUTOR, FUNCTION_CALL, GET_NEXT, Event, HostTrace
 from train.diagnose.step_windows import Steps
 from train.diagnose.tf_names import (  # noqa: F401 (the causes read these from here)
@@ -258,30 +259,27 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
     _functions(trace, tree, stages, lo_all, hi_all)
     work = activity.measure(trace, windows, sorted((e.ts, e.end) for e in wait_events))
     getnext_floor = min((e.dur for e in wait_events), default=None)
+    caller = stalls.caller_time(trace, windows, activity.pipeline_work(trace))
+    gaps = (work["stall_us"].tolist(), work["stall_pipeline_us"].tolist())
+    split = stalls.split(step_us, waits_per_step, work["compute_us"].tolist(), gaps, caller)
+    split["replicas"] = _replicas(windows, wait_events, roots_of)
     report = _report(steps, stages, step_us, waits_per_step, wait_events, work["compute_us"].tolist(), getnext_floor, n)
+    stalls.apply(report, split)
     report["host_compute_ms"] = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
-    report["device"] = _device_figures(work, n)
+    report["device"] = activity.device_figures(work, n)
     return report
 
 
-def _device_figures(work: dict, n: int) -> dict | None:
-    """Per analysed step, averaged over the devices: kernel busy time, kernels, copies; host launch time."""
-    devices = work["devices"]
-    if not devices:
-        return None
-
-    def mean(key: str) -> float:
-        return float(sum(d[key].sum() for d in devices)) / len(devices) / n
-
-    return {
-        "devices": [d["name"] for d in devices],
-        "busy_ms": round(mean("busy_us") / 1e3, 3),
-        "kernels_per_step": round(mean("kernels"), 1),
-        "h2d_ms": round(mean("h2d_us") / 1e3, 3),
-        "d2h_ms": round(mean("d2h_us") / 1e3, 3),
-        "d2d_ms": round(mean("d2d_us") / 1e3, 3),
-        "launch_ms": round(float(work["launch_us"].sum()) / n / 1e3, 3),
-    }
+def _replicas(windows, wait_events: list[Event], roots_of: dict) -> int:
+    """How many input iterators a step reads from: one per replica under a distribution strategy (each replica's
+    GetNext reads its own), one where several steps run per call (steps_per_execution: the same iterator again)."""
+    starts = [lo for lo, _ in windows]
+    read: dict[int, set] = defaultdict(set)
+    for holder in wait_events:
+        window = bisect.bisect_right(starts, holder.ts) - 1
+        read[window].update(str(r.args["id"]) for r in roots_of.get(id(holder), ()) if r.args.get("id") is not None)
+    counts = [len(ids) for ids in read.values() if ids]
+    return max(int(statistics.median_low(counts)), 1) if counts else 1
 
 
 def _functions(trace: HostTrace, tree: _Tree, stages: dict, lo_all: float, hi_all: float) -> None:
@@ -438,7 +436,6 @@ def _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, flo
         "input_ms": round(wait_ms, 3) if measured else None,
         "input_percent": round(100 * sum(waits_per_step) / total_step, 1) if measured and total_step else None,
         "getnext_per_step": round(calls_per_step, 2),
-        "steps_per_window": round(calls_per_step) if calls_per_step >= 1.5 else 1,
         "getnext_floor_ms": round(floor_ms, 3) if measured else None,
         "compute_ms": round(compute_ms, 3),
         "overhead_ms": round(max(mean_step / 1e3 - (wait_ms or 0.0) - compute_ms, 0.0), 3),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from train.diagnose.device import DeviceView, view
 from train.diagnose.input_causes import input_causes
 from train.diagnose.recommendation import Causes, Recommendation, rank
+from train.diagnose.stalls import working_step
 from train.diagnose.step_causes import device_causes, per_step_overhead
 from train.diagnose.structural import structural_fixes
 from train.diagnose.verdict import INPUT_BOUND
@@ -23,7 +24,7 @@ def recommendations(
     if profile["input_bound_percent"] is None or not profile["step_time_ms"]:
         return []
     wait = profile.get("input_pipeline") or {}
-    pipeline = Causes(wait.get("step_ms") or 0.0)  # figures of the host trace's steps
+    pipeline = Causes(working_step(wait))  # figures of the host trace's steps, without their stall
     input_causes(wait, device.cpu_only, pipeline)
     if wait.get("measured"):
         per_step_overhead(wait, pipeline)

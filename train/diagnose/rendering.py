@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from train.diagnose.recommendation import CORRECTNESS, Recommendation
 from train.diagnose.report import HOW_TO_CAPTURE
+from train.diagnose.stalls import left_out
 
 
 def _summary(run: str, item: dict) -> str:
@@ -16,8 +17,10 @@ def _summary(run: str, item: dict) -> str:
     first = Recommendation.from_dict(item["recommendations"][0]) if item["recommendations"] else None
     fix = f"; first: {first.cause} ({first.estimated_gain:.2f}x)" if first else "; nothing to fix"
     share = profile["input_bound_percent"]
-    step = (profile["input_pipeline"] or {}).get("step_ms") or profile["step_time_ms"]
-    return f"{run}: {item['verdict'].upper()}, {share:.1f}% of a {step:.1f} ms step waits for input ({how}){fix}"
+    wait = profile["input_pipeline"] or {}
+    step = wait.get("step_ms") or profile["step_time_ms"]
+    stall = f" ({left_out(wait):.1f} ms of it stalled, left out)" if left_out(wait) > 0 else ""
+    return f"{run}: {item['verdict'].upper()}, {share:.1f}% of a {step:.1f} ms step{stall} waits for input ({how}){fix}"
 
 
 def _tree(wait: dict) -> list[str]:
@@ -41,6 +44,8 @@ def _tree(wait: dict) -> list[str]:
 
 
 def _figures(profile: dict, device: dict) -> list[str]:
+    stall = left_out(profile.get("input_pipeline") or {})
+    without = f" (without the step's {stall:.1f} ms stall, below)" if stall > 0 else ""
     busy = device["busy_percent"]
     if busy is not None:
         busy_text = f"{busy:.1f}%"
@@ -50,8 +55,55 @@ def _figures(profile: dict, device: dict) -> list[str]:
         f"  step {profile['step_time_ms']:.1f} ms = input {profile['input_ms']:.1f} + host compute "
         f"{profile['host_compute_ms']:.1f} + device compute {profile['device_compute_ms']:.1f} + launch "
         f"{profile['kernel_launch_ms']:.1f} + other {profile['other_ms']:.1f} ms",
-        f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time; device busy: {busy_text}",
+        f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time{without}; device busy: {busy_text}",
     ]
+
+
+def _source(profile: dict, wait: dict) -> str:
+    source = profile["step_source"] or "none found"
+    if not wait.get("measured"):
+        return source
+    per_window, replicas = wait.get("steps_per_window") or 1, wait.get("replicas") or 1
+    if replicas > 1:
+        source += f", {replicas} replicas (a distribution strategy): each step reads one batch per replica"
+    if per_window > 1:
+        source += f", each {per_window} training steps (steps_per_execution): figures are per execution"
+    return source
+
+
+def _stall(wait: dict) -> list[str]:
+    """The step time without recorded work (train/diagnose/stalls.py), where there is any."""
+    stall = (wait.get("stall_ms") or 0.0) if wait.get("measured") else 0.0
+    if stall <= 0:
+        return []
+    found, outside = wait["stall"], left_out(wait)
+    parts = []
+    if found["gaps_ms"]:
+        parts.append(
+            f"{found['gaps_ms']:.1f} ms in gaps of 1 ms or more in which the training thread waited in the train "
+            "function and no thread, op or device of the step recorded anything"
+        )
+    if found["stretched_steps"]:
+        parts.append(
+            f"{found['stretched_ms']:.1f} ms in {found['stretched_steps']} step(s) whose Python, dispatch or model ops "
+            "took far longer than the same in the other steps (or work done only in some steps, e.g. a callback "
+            "every N steps)"
+        )
+    text = f"  no recorded work: {stall:.1f} ms per step ({100 * stall / wait['step_ms']:.0f}% of the step), "
+    text += "; ".join(parts) + ". Per-step overhead leaves it out."
+    if found["pipeline_ms"]:
+        text += (
+            f" In {found['pipeline_ms']:.1f} ms of it the input pipeline's threads ran: the step waited for cores they "
+            "held, which a fix of the pipeline gives back, so shares and estimates count it."
+        )
+    if outside > 0:
+        text += (
+            f" The other {outside:.1f} ms shows no work of the pipeline either: the process was likely descheduled "
+            "(other load), so shares and estimates are of the step without it."
+        )
+        if outside >= 0.1 * wait["step_ms"]:
+            text += " Figures from a busy machine: profile on a quieter one to confirm them."
+    return [text]
 
 
 def _pipeline(wait: dict) -> list[str]:
@@ -92,11 +144,9 @@ def _run(item: dict) -> list[str]:
     size = f", {profile['profile_mb']:,.1f} MB" if profile.get("profile_mb") is not None else ""
     lines = [f"  profile: {profile['session']} ({profile['hardware_type']}, {profile['steps']} steps{size})"]
     lines += [f"  {note}" for note in [profile.get("large_profile"), *profile.get("skipped", [])] if note]
-    source = profile["step_source"] or "none found"
-    per_window = (wait.get("steps_per_window") or 1) if wait.get("measured") else 1
-    if per_window > 1:
-        source += f", each {per_window} training steps (steps_per_execution): figures are per execution"
-    lines.append(f"  steps: {source}" + (" (INFERRED: no step markers)" if item["steps_inferred"] else ""))
+    lines.append(
+        f"  steps: {_source(profile, wait)}" + (" (INFERRED: no step markers)" if item["steps_inferred"] else "")
+    )
     if profile["input_bound_percent"] is None:
         lines.append(f"  verdict: unknown - {item['unmeasured'] or 'the input share could not be measured'}.")
         lines += [f"  {note}" for note in item["notes"]]
@@ -104,7 +154,7 @@ def _run(item: dict) -> list[str]:
         return lines
     label = " (inferred steps)" if item["steps_inferred"] else ""
     lines.append(f"  verdict: {item['verdict'].upper()}{label}")
-    lines += _figures(profile, item["device"]) + _pipeline(wait)
+    lines += _figures(profile, item["device"]) + _stall(wait) + _pipeline(wait)
     if profile["has_step_markers"] and profile["conclusion"]:
         lines.append(f"  xprof: {profile['conclusion']}")
     lines += _recommendations([Recommendation.from_dict(r) for r in item["recommendations"]])

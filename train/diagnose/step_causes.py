@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from train.diagnose import analysis
 from train.diagnose.recommendation import Causes, ms, pct
+from train.diagnose.stalls import left_out, working_step
 
 TARGET_BATCH = 256
 SPE = 16  # steps_per_execution suggested when the batch cannot grow
@@ -19,12 +20,12 @@ SPE = 16  # steps_per_execution suggested when the batch cannot grow
 
 def per_step_overhead(wait: dict, causes: Causes) -> None:
     """Step time that is neither input wait nor the model's ops: small-batch, else per-step-overhead."""
-    overhead, batch, step = wait["overhead_ms"], wait.get("batch_size"), wait["step_ms"]
+    overhead, batch, step = wait["overhead_ms"], wait.get("batch_size"), working_step(wait)
     if overhead <= 0:
         return
     figures = (
-        f"a step takes {ms(step)}; {ms(overhead)} of it ({pct(overhead, step)}) is neither waiting for input nor "
-        "running the model's ops (Python, Keras callbacks, dispatching the step)"
+        f"a step takes {ms(step)}{stall_words(wait)}; {ms(overhead)} of it ({pct(overhead, step)}) is neither waiting "
+        "for input nor running the model's ops (Python, Keras callbacks, dispatching the step)"
     )
     if batch and batch < TARGET_BATCH:
         causes.add(
@@ -48,6 +49,14 @@ def per_step_overhead(wait: dict, causes: Causes) -> None:
             "train.steps_per_execution.",
             f"Estimate: the per-step overhead paid once per {SPE} steps.",
         )
+
+
+def stall_words(wait: dict) -> str:
+    """What the step figure leaves out on a busy machine (train/diagnose/stalls.py), said where it did."""
+    stall = left_out(wait)
+    if stall <= 0:
+        return ""
+    return f" without its {ms(stall)} stall (nothing of the process ran: other load, no cost of the step)"
 
 
 @dataclass

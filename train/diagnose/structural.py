@@ -29,6 +29,7 @@ from train.diagnose.input_causes import (
     sequential_map,
 )
 from train.diagnose.recommendation import Causes, Recommendation
+from train.diagnose.stalls import working_step
 
 COVERS = {  # a structural fix -> the recommendations that already make it for the same stage
     "no-prefetch": {"no-prefetch"},
@@ -42,7 +43,7 @@ def structural_fixes(wait: dict, cpu_only: bool, listed: list[Recommendation]) -
     """The structural fixes of an input-bound run's pipeline that `listed` does not make, most time removed first."""
     if not wait.get("measured"):
         return []
-    p = Pipeline(wait, cpu_only, Causes(wait["step_ms"]))
+    p = Pipeline(wait, cpu_only, Causes(working_step(wait)))
     no_prefetch(p)
     running_ahead_at_root(p)
     for s in p.stages:

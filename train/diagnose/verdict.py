@@ -2,7 +2,8 @@
 
 Waiting for input 20 % of step time or more is input-bound (xprof's own "HIGHLY input-bound"
 threshold). Otherwise the step is device-bound when the accelerator (or, in a CPU-only profile,
-the CPU) computes most of it, host-bound when per-step overhead does, and only not-input-bound
+the CPU) computes most of it, host-bound when per-step overhead does (of the step without its stall,
+train/diagnose/stalls.py), and only not-input-bound
 where a device was there but its share of the step is not measured (train/diagnose/device.py).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from train.diagnose.analysis import INPUT_BOUND_HIGH as INPUT_BOUND
 from train.diagnose.device import DeviceView, view
+from train.diagnose.stalls import left_out
 
 
 def verdict(profile: dict, device: DeviceView | None = None) -> str:
@@ -23,7 +25,7 @@ def verdict(profile: dict, device: DeviceView | None = None) -> str:
     if device.cpu_only:  # the CPU is the compute device
         wait = profile.get("input_pipeline") or {}
         overhead = wait.get("overhead_ms") or 0.0
-        return "host-bound" if overhead >= 0.5 * profile["step_time_ms"] else "device-bound"
+        return "host-bound" if overhead >= 0.5 * (profile["step_time_ms"] - left_out(wait)) else "device-bound"
     if device.busy_percent is None:
         return "not-input-bound"
     return "device-bound" if device.busy_percent >= 50 else "host-bound"

@@ -220,6 +220,9 @@ class XSpaceFile:
         self._fd = os.open(self.path, os.O_RDONLY)
         try:
             self.hostnames: list[str] = []
+            # what the profiler itself reported while capturing, e.g. "Insufficient privilege to run libcupti"
+            self.errors: list[str] = []
+            self.warnings: list[str] = []
             self.planes = [self._plane(i, off, n) for i, (off, n) in enumerate(self._top_level())]
         except BaseException:
             self.close()
@@ -270,11 +273,12 @@ class XSpaceFile:
 
     def _top_level(self) -> list[tuple[int, int]]:
         planes = []
-        for number, wire, at, length, data in self._fields(0, self.size, {4}):
+        texts = {2: self.errors, 3: self.warnings, 4: self.hostnames}
+        for number, wire, at, length, data in self._fields(0, self.size, set(texts)):
             if number == 1 and wire == 2:
                 planes.append((at, length))
-            elif number == 4 and data is not None:
-                self.hostnames.append(data.decode(errors="replace"))
+            elif number in texts and wire == 2 and data is not None:
+                texts[number].append(data.decode(errors="replace"))
         return planes
 
     def _plane(self, index: int, offset: int, length: int) -> Plane:
