@@ -3,7 +3,7 @@
 The package follows the data flow (see README, "How it works"); each layer imports only the layers
 under it (pyproject.toml's import-linter contracts, checked by `make lint`):
 
-    cli.py        `python -m train ...` / `gpu-template ...`
+    cli/          `python -m train ...` / `gpu-template ...`: one module per group of commands
     benchmarks/   trials -> compare, bench, ladder, sweep-batch, tune, and their reports
     training/     one run set-up -> the Keras fit loop or the multi-worker loop; checkpoints, guards
     measure/      in-run measurement (Keras callbacks): step time, profile window, NVML/CPU sampling

@@ -1,4 +1,4 @@
-"""`python -m train ...`: the command line (train/cli.py)."""
+"""`python -m train ...`: the command line (train/cli/)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""What each benchmark command takes, typed: cli.py builds these from the command line.
+"""What each benchmark command takes, typed: train/cli/benchmarks.py builds these from the command line.
 
 The defaults live here, once: `--scenario`, `--trials` and `--seconds` mean the same thing in
 every command, and each command's own defaults (how many rounds, how long a trial) are the

@@ -1,0 +1,69 @@
+"""Arguments that several commands share: a config with overlays and overrides, a scenario, trials."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def config_args(parser: argparse.ArgumentParser, default: str | None = "configs/optimized.yaml") -> None:
+    parser.add_argument("--config", default=default, help="preset YAML (default: %(default)s)")
+    parser.add_argument(
+        "--overlay",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="partial preset merged over --config (repeatable), e.g. configs/scenarios/cpu.yaml",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key, e.g. --set pipeline.batch_size=64 (repeatable)",
+    )
+
+
+def scenario_arg(parser: argparse.ArgumentParser, default: str = "auto", what: str = "every variant") -> None:
+    parser.add_argument(
+        "--scenario",
+        default=default,
+        help=f"overlay for {what}: auto (the CPU scenario when no GPU is found), none, a name in "
+        "configs/scenarios/ (larger_than_memory) or a YAML (default: %(default)s)",
+    )
+
+
+def trial_args(parser: argparse.ArgumentParser, defaults, rounds_help: str = "interleaved rounds") -> None:
+    """--trials and --seconds, with the command's own defaults (train.benchmarks.options)."""
+    parser.add_argument("--trials", type=int, default=defaults.rounds, help=f"{rounds_help} (default: %(default)s)")
+    parser.add_argument(
+        "--seconds", type=float, default=defaults.seconds, help="minimum seconds per trial (default: %(default)s)"
+    )
+
+
+def scenario_args(parser: argparse.ArgumentParser, out: str) -> None:
+    """Options shared by the commands that run naive and optimized side by side."""
+    parser.add_argument("--naive", default="configs/naive.yaml")
+    parser.add_argument("--optimized", default="configs/optimized.yaml")
+    scenario_arg(parser)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override applied to every variant (repeatable), e.g. --set model.width=32",
+    )
+    parser.add_argument("--out", default=out, help="output folder (default: %(default)s)")
+
+
+def load(args):
+    from train import config
+    from train.core import files
+
+    return config.load(
+        files.project_file(args.config) if args.config else None,
+        args.overrides,
+        layers=[files.project_file(layer) for layer in args.overlay],
+        name=getattr(args, "name", None),
+    )

@@ -1,0 +1,239 @@
+"""The benchmark commands: compare, bench, bench-check, ladder, sweep-batch, tune, bench-diagnose.
+
+Their defaults and typed options live in train/benchmarks/options.py; this module only turns arguments into them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from train.cli import arguments
+from train.core.quiet import import_tensorflow
+
+
+def _variants(args):
+    from train.benchmarks import options
+
+    return options.Variants(args.scenario, args.naive, args.optimized, tuple(args.overrides))
+
+
+def _trials(args):
+    from train.benchmarks import options
+
+    defaults = options.LadderOptions.TRIALS  # bench-check given only one of the two
+    return options.Trials(args.trials or defaults.rounds, args.seconds or defaults.seconds)
+
+
+def benchmark_options(args):
+    """The typed options of a benchmark command (train/benchmarks/options.py), from its arguments."""
+    from train.benchmarks import options
+
+    out = Path(args.out)
+    if args.command == "compare":
+        return options.CompareOptions(_variants(args), out)
+    if args.command == "bench":
+        return options.BenchOptions(_variants(args), _trials(args), tuple(args.data_service_workers), out)
+    if args.command == "ladder":
+        return options.LadderOptions(_variants(args), _trials(args), args.ladder, out)
+    if args.command == "sweep-batch":
+        return options.SweepOptions(_variants(args), _trials(args), args.min, args.max, out)
+    if args.command == "bench-check":
+        scenarios = tuple(args.scenario or options.CheckOptions.scenarios)
+        given = None if args.trials is None and args.seconds is None else _trials(args)
+        return options.CheckOptions(scenarios, tuple(args.overrides), given, out)
+    return options.TuneOptions(
+        config=args.config,
+        overlays=tuple(args.overlay),
+        overrides=tuple(args.overrides),
+        scenario=args.scenario,
+        minutes=args.minutes,
+        batch=args.batch,
+        trials=_trials(args),
+        final_rounds=args.final_trials,
+        only=tuple(args.only),
+        tuned=Path(args.tuned),
+        fresh=args.fresh,
+        reference=args.reference,
+        out=out,
+    )
+
+
+def _benchmark(module: str, args) -> int:
+    """Run train.benchmarks.<module>.main(options), TensorFlow imported without its start-up log."""
+    import importlib
+
+    opts = benchmark_options(args)
+    import_tensorflow()
+    return importlib.import_module(f"train.benchmarks.{module}").main(opts)
+
+
+def cmd_compare(args) -> int:
+    return _benchmark("compare", args)
+
+
+def cmd_bench(args) -> int:
+    return _benchmark("bench", args)
+
+
+def cmd_bench_check(args) -> int:
+    return _benchmark("check", args)
+
+
+def cmd_ladder(args) -> int:
+    return _benchmark("ladder", args)
+
+
+def cmd_tune(args) -> int:
+    return _benchmark("tune", args)
+
+
+def cmd_sweep(args) -> int:
+    return _benchmark("sweep", args)
+
+
+def cmd_bench_diagnose(args) -> int:
+    return _benchmark("bench_diagnose", args)
+
+
+def _add_benchmark_commands(commands) -> None:
+    """compare, bench, bench-check, ladder, sweep-batch (defaults: train/benchmarks/options.py)."""
+    from train.benchmarks import options
+
+    compare = commands.add_parser("compare", help="train naive and optimized on the same data and model, report")
+    arguments.scenario_args(compare, out="runs/compare")
+    compare.set_defaults(func=cmd_compare)
+
+    bench = commands.add_parser("bench", help="naive vs optimized vs the compute ceiling: interleaved trials")
+    arguments.scenario_args(bench, out="runs/bench")
+    arguments.trial_args(bench, options.BenchOptions.TRIALS)
+    bench.add_argument(
+        "--data-service-workers",
+        type=int,
+        nargs="*",
+        default=list(options.BenchOptions.data_service_workers),
+        metavar="N",
+        help="also run the optimized pipeline on a local tf.data service with N workers "
+        "(default: 1 2; the flag with no N skips them)",
+    )
+    bench.set_defaults(func=cmd_bench)
+
+    check = commands.add_parser(
+        "bench-check", help="check the benchmark harness: A/A and order checks of bench, ladder and tune's pairing"
+    )
+    check.add_argument(
+        "--scenario",
+        action="append",
+        help="a scenario to check (repeatable; default: " + " and ".join(options.CheckOptions.scenarios) + ")",
+    )
+    check.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant"
+    )
+    check.add_argument("--trials", type=int, help="rounds of every check (default: each command's own)")
+    check.add_argument("--seconds", type=float, help="minimum seconds per trial (default: each command's own)")
+    check.add_argument("--out", default=str(options.CheckOptions.out), help="output folder (default: %(default)s)")
+    check.set_defaults(func=cmd_bench_check)
+
+    ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
+    arguments.scenario_args(ladder, out="runs/ladder")
+    ladder.add_argument(
+        "--ladder",
+        help="the rungs (default: configs/ladder/<scenario>.yaml for a named scenario that has one, else "
+        "configs/ladder/ladder.yaml)",
+    )
+    arguments.trial_args(ladder, options.LadderOptions.TRIALS, "paired rounds per rung")
+    ladder.set_defaults(func=cmd_ladder)
+
+    sweep = commands.add_parser("sweep-batch", help="throughput and utilization against batch size")
+    arguments.scenario_args(sweep, out="runs/sweep-batch")
+    sweep.add_argument(
+        "--min", type=int, default=options.SweepOptions.min_batch, help="smallest batch (default: %(default)s)"
+    )
+    sweep.add_argument(
+        "--max", type=int, default=options.SweepOptions.max_batch, help="largest batch to try (default: %(default)s)"
+    )
+    arguments.trial_args(sweep, options.SweepOptions.TRIALS, "trials per batch size")
+    sweep.set_defaults(func=cmd_sweep)
+
+
+def _add_tune_command(commands) -> None:
+    from train.benchmarks import options
+
+    tune = commands.add_parser(
+        "tune", help="search the speed knobs (not what is learned) for this data and machine -> configs/tuned.yaml"
+    )
+    arguments.config_args(tune)
+    arguments.scenario_arg(tune, what="the config, under --overlay")
+    tune.add_argument(
+        "--minutes",
+        type=float,
+        default=options.TuneOptions.minutes,
+        help="budget for search and final check (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--batch",
+        action="store_true",
+        help="also search pipeline.batch_size, scaling train.learning_rate linearly (changes what is learned)",
+    )
+    arguments.trial_args(tune, options.TuneOptions.TRIALS, "interleaved rounds per candidate")
+    tune.add_argument(
+        "--final-trials",
+        type=int,
+        default=options.TuneOptions.final_rounds,
+        help="rounds of the final check (default: %(default)s)",
+    )
+    tune.add_argument("--only", action="append", default=[], metavar="KEY", help="search only this knob (repeatable)")
+    tune.add_argument(
+        "--tuned",
+        default=str(options.TuneOptions.tuned),
+        help="the overlay to start from when it exists and to write (default: %(default)s)",
+    )
+    tune.add_argument("--fresh", action="store_true", help="ignore an existing --tuned overlay at the start")
+    tune.add_argument(
+        "--reference",
+        metavar="YAML",
+        help="also measure this preset in the final check's rounds, with the scenario but without --overlay/--set, "
+        "e.g. configs/optimized.yaml",
+    )
+    tune.add_argument("--out", default=str(options.TuneOptions.out), help="output folder (default: %(default)s)")
+    tune.set_defaults(func=cmd_tune)
+
+
+def _add_bench_diagnose_command(commands) -> None:
+    bench_diagnose = commands.add_parser(
+        "bench-diagnose", help="wall time and peak memory of diagnose against profile size (captures up to 1 GB)"
+    )
+    bench_diagnose.add_argument("--out", default="runs/bench-diagnose", help="output folder (default: %(default)s)")
+    bench_diagnose.add_argument(
+        "--sizes",
+        type=float,
+        nargs="*",
+        default=[1, 10, 100, 1000],
+        metavar="MB",
+        help="sizes of the GPU-shaped profiles (default: %(default)s)",
+    )
+    bench_diagnose.add_argument(
+        "--captures",
+        type=int,
+        nargs="*",
+        default=[12, 120, 600],
+        metavar="STEPS",
+        help="real captures measured too, in steps (default: %(default)s)",
+    )
+    bench_diagnose.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    bench_diagnose.add_argument(
+        "--max-mb", type=float, default=float("inf"), help="leave out profiles larger than this (default: none)"
+    )
+    bench_diagnose.add_argument(
+        "--code", help="measure the diagnose of this checkout instead (e.g. a worktree of main at an older commit)"
+    )
+    bench_diagnose.add_argument("--name", help="file name of the results (default: bench, or bench-<code folder>)")
+    bench_diagnose.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds one diagnose may take (default: %(default)s)"
+    )
+    bench_diagnose.set_defaults(func=cmd_bench_diagnose)
+
+
+def add_parsers(commands) -> None:
+    _add_benchmark_commands(commands)
+    _add_tune_command(commands)
+    _add_bench_diagnose_command(commands)
