@@ -15,7 +15,7 @@ import tensorflow as tf
 from tests.conftest import run_cli
 from train import diagnose, models
 from train.core.errors import UserError
-from train.diagnose import command, report, verdict
+from train.diagnose import command, report, stages, verdict
 from train.diagnose.device import DeviceView
 from train.diagnose.recommend import recommendations
 from train.measure.profiling import StepTraceProfiler
@@ -340,3 +340,23 @@ def test_a_wait_whose_producers_left_no_events_is_called_out():
     (note,) = report.notes(profile(3.0), gpu)
     assert note.startswith("Unseen producers") and "3.0 ms of the 8.0 ms" in note and "Iterator::Root::Prefetch" in note
     assert report.notes(profile(0.5), gpu) == []
+
+
+def _stage(path, kind, blocking_ms=0.0, fn_ms=None):
+    functions = {"wall_ms": fn_ms} if fn_ms is not None else None
+    return {"path": path, "kind": kind, "blocking_ms": blocking_ms, "pass_through": False, "functions": functions}
+
+
+def test_the_wait_on_a_strategys_hand_off_generator_goes_to_the_pipeline_that_feeds_it():
+    """experimental_distribute_dataset: the step waits on the MultiDeviceIterator's generator, the user's runs beside."""
+    hand_off = _stage("Iterator::Root::Prefetch::Generator", "Generator", blocking_ms=28.6, fn_ms=0.2)
+    theirs = [
+        _stage("Iterator::Root::Prefetch::Rebatch", "Rebatch"),
+        _stage("Iterator::Root::Prefetch::Rebatch::BatchV2::FlatMap", "FlatMap"),
+        _stage("Iterator::Root::Prefetch::Rebatch::BatchV2::FlatMap::Generator", "Generator", fn_ms=34.9),
+    ]
+    (unit,) = stages.units([hand_off, *theirs])
+    assert unit.head is theirs[-1] and unit.blocking_ms == 28.6
+    # a generator whose own Python explains its wait is the cause itself
+    busy = _stage("Iterator::Root::Prefetch::Generator", "Generator", blocking_ms=28.6, fn_ms=25.0)
+    assert stages.units([busy, *theirs])[0].head is busy

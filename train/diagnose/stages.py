@@ -98,13 +98,38 @@ class Unit:
     blocking_ms: float = 0.0
 
 
+HAND_OFF = 0.1  # a generator whose own function explains under this part of the wait it holds only hands over
+
+
+def own_wall_ms(stage: dict) -> float:
+    return (stage["functions"] or {}).get("wall_ms") or 0.0
+
+
+def fed_by(stage: dict, stages: list[dict]) -> dict | None:
+    """The stage whose work a hand-off generator waits on, or None.
+
+    A distribution strategy puts a generator between the pipeline and each replica (the
+    MultiDeviceIterator of experimental_distribute_dataset): the step waits on it, but its own
+    function only hands over what the user's pipeline, a second iterator beside it, produced.
+    """
+    if stage["kind"] != "Generator" or own_wall_ms(stage) >= HAND_OFF * stage["blocking_ms"]:
+        return None
+    beside = [
+        o
+        for o in stages
+        if o is not stage and not under(stage["path"], o["path"]) and not under(o["path"], stage["path"])
+    ]
+    feeding = max(beside, key=own_wall_ms, default=None)
+    return feeding if feeding and own_wall_ms(feeding) >= stage["blocking_ms"] / 2 else None
+
+
 def units(stages: list[dict]) -> list[Unit]:
-    """Blocking time grouped by the stage that causes it, most first."""
+    """Blocking time grouped by the stage that causes it (a hand-off's, by what feeds it), most first."""
     found: dict[str, Unit] = {}
     for s in stages:
         if s["pass_through"] or s["blocking_ms"] <= 0:
             continue
-        top = head(s, stages)
+        top = head(fed_by(s, stages) or s, stages)
         unit = found.setdefault(top["path"], Unit(top))
         unit.members.append(s)
         unit.blocking_ms += s["blocking_ms"]
