@@ -348,7 +348,7 @@ def _stage(path, kind, blocking_ms=0.0, fn_ms=None):
 
 
 def test_the_wait_on_a_strategys_hand_off_generator_goes_to_the_pipeline_that_feeds_it():
-    """experimental_distribute_dataset: the step waits on the MultiDeviceIterator's generator, the user's runs beside."""
+    """experimental_distribute_dataset: the step waits on the MultiDeviceIterator's generator, the user's beside."""
     hand_off = _stage("Iterator::Root::Prefetch::Generator", "Generator", blocking_ms=28.6, fn_ms=0.2)
     theirs = [
         _stage("Iterator::Root::Prefetch::Rebatch", "Rebatch"),
