@@ -94,11 +94,14 @@ bench-diagnose: setup ## Wall time and peak RSS of diagnose against profile size
 tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (LOGDIR=, PORT=)
 	$(PY) -m train tensorboard --logdir $(or $(LOGDIR),runs) --port $(PORT) $(ARGS)
 
-test: setup ## Run the whole test suite (CPU tests on tiny generated data, about 10 minutes on 2 cores)
-	$(PY) -m pytest $(ARGS)
+test: setup ## Run the test suite CI runs: fast and slow tests (CPU, tiny generated data, under 10 minutes on 2 cores)
+	$(PY) -m pytest -m "not long" $(ARGS)
 
-test-fast: setup ## Run the tests not marked slow (under 2 minutes)
-	$(PY) -m pytest -m "not slow" $(ARGS)
+test-fast: setup ## Run the tests not marked slow or long (under 90 seconds), for the edit-test loop
+	$(PY) -m pytest -m "not slow and not long" $(ARGS)
+
+test-long: setup ## Run the tests marked long: the benchmark harness end to end, the whole profile corpus (15 minutes)
+	$(PY) -m pytest -m long $(ARGS)
 
 # The container-stack check: the project on the TensorFlow that the Docker image's base ships
 # (2.17, see constraints-container.txt), on CPU, in its own venv with the image's Python (3.12)
@@ -109,7 +112,7 @@ CONTAINER_VENV ?= .venv-container
 CONTAINER_PYTHON ?= $(firstword $(foreach p,python3.12 $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12),$(shell $(p) -c 'import venv' >/dev/null 2>&1 && echo $(p))) python3.11)
 
 test-container-stack: $(CONTAINER_VENV)/.installed ## Run the fast tests on the Docker image's stack (TensorFlow 2.17, Python 3.12) in .venv-container
-	$(CONTAINER_VENV)/bin/python -m pytest -m "not slow" $(ARGS)
+	$(CONTAINER_VENV)/bin/python -m pytest -m "not slow and not long" $(ARGS)
 
 $(CONTAINER_VENV)/.installed: pyproject.toml constraints-container.txt
 	rm -rf $(CONTAINER_VENV)

@@ -19,7 +19,7 @@ def sets(tiny_data_dir, *extra):
     return [arg for item in data_sets(tiny_data_dir) + list(extra) for arg in ("--set", item)]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_bench_reports_paired_gains_the_decode_floor_and_the_cores_each_pipeline_needs(tiny_data_dir, tmp_path):
     out = tmp_path / "bench"
     result = run_cli(
@@ -72,7 +72,7 @@ def test_bench_reports_paired_gains_the_decode_floor_and_the_cores_each_pipeline
     assert list((out / "tb" / "ceiling").glob("events.out.tfevents.*"))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_bench_measures_the_pipeline_auto_takes_without_the_snapshot_and_the_snapshots_cost(tiny_data_dir, tmp_path):
     """With a cache folder and decoded images over cache_limit_mb, auto takes a decoded snapshot on disk."""
     out = tmp_path / "bench"
@@ -113,7 +113,7 @@ SHORT_LADDER = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ladder_turns_on_one_technique_per_rung_and_measures_the_end_to_end_gain(tiny_data_dir, tmp_path):
     out, rungs = tmp_path / "ladder", tmp_path / "ladder.yaml"
     rungs.write_text(yaml.safe_dump(SHORT_LADDER))
@@ -194,7 +194,7 @@ def test_sweep_finds_the_largest_batch_that_fits(tiny_data_dir, tmp_path):
     assert (out / "sweep.png").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_ladders_distribution_rung_really_distributes_over_two_logical_cpus(tiny_data_dir, tmp_path):
     rungs = tmp_path / "ladder.yaml"
     rungs.write_text(

@@ -254,7 +254,7 @@ def test_a_trainer_fed_by_a_local_dispatcher_and_two_workers_trains(tiny_sets):
     assert summary["examples_per_sec"] > 0 and "tf.data service" in summary["pipeline"]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(360)
 def test_losing_every_data_service_worker_ends_the_trainer_in_bounded_time(tiny_data_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -358,7 +358,14 @@ def start_service_pair(env) -> tuple[subprocess.Popen, subprocess.Popen]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(360)
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    "stop",
+    [
+        signal.SIGTERM,
+        pytest.param(signal.SIGTERM, marks=pytest.mark.long),
+        pytest.param(signal.SIGINT, marks=pytest.mark.long),
+    ],
+)
 def test_data_service_servers_stop_on_the_first_signal(stop):
     """Both servers, signalled together as `docker compose stop` does, exit 0 within 5 s, every time."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

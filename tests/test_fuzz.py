@@ -49,12 +49,18 @@ def damage_randomly(path: Path, rng: np.random.Generator) -> str:
 # Each case starts a CLI process: the fast tests run case 1 (zeroed bytes, naive preset); the flipped and
 # truncated shards of cases 0 and 2 are what test_reliability's damaged-shard tests check in this process.
 # All eight run in `make test`.
-FAST_SHARD_CASES = {1}
+FAST_SHARD_CASES, SLOW_SHARD_CASES = {1}, {0, 2}  # the others: make test-long
+
+
+def _tier(case: int) -> list:
+    if case in FAST_SHARD_CASES:
+        return []
+    return [pytest.mark.slow] if case in SLOW_SHARD_CASES else [pytest.mark.long]
 
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(case, marks=[] if case in FAST_SHARD_CASES else [pytest.mark.slow]) for case in range(SHARD_CASES)],
+    [pytest.param(case, marks=_tier(case)) for case in range(SHARD_CASES)],
 )
 def test_randomly_damaged_shards_fail_clearly_in_bounded_time(tiny_data_dir, tmp_path, case):
     rng = np.random.default_rng([2026, case])

@@ -174,7 +174,7 @@ def test_deterministic_mode_records_that_xla_is_off(tiny_sets, monkeypatch):
     assert config.load(cfg.run_dir / "config.yaml").train.jit_compile is False
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_mixed_precision_stopped_mid_epoch_resumes_to_the_weights_of_an_uninterrupted_run(tiny_sets, monkeypatch):
     sets = tiny_sets + PROFILED + GPU_PATH + ["train.deterministic=true"]
     straight = fit_loop.run(config.load(OPTIMIZED, sets, name="straight"), log=quiet)
@@ -249,7 +249,7 @@ def test_mirrored_mixed_float16_over_two_logical_cpus_with_xla_recorded_off(tiny
     assert_profiled(summary)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_mirrored_mixed_precision_stopped_by_sigterm_resumes_from_the_saved_step(tiny_data_dir, tmp_path):
     """Not bitwise equal to an uninterrupted run, found by running it (float32 too): under a strategy Keras's
     `fit` first pulls a batch from a throwaway iterator (`_maybe_symbolic_build`), and every new iterator

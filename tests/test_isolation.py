@@ -66,7 +66,7 @@ def test_a_bug_in_a_worker_is_raised_as_a_bug_not_as_a_failed_variant(tiny_data_
             variant.trial(0.1)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data_dir, tmp_path):
     out = tmp_path / "check"
     sets = [

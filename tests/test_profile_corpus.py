@@ -28,6 +28,9 @@ LOOP_PLANTED = {  # the custom-loop scripts and the user's own TensorBoard callb
     "own_tensorboard_numpy_function": "python-in-map",
 }
 ALL_PLANTED = {**PLANTED, **LOOP_PLANTED}
+# `make test` runs a Keras fit script and the two custom loops through the CLI (the in-process corpus covers every
+# planted cause in the fast tests, and the own-TensorBoard case has its own test below); `make test-long`, all.
+MAKE_TEST = {"numpy_function_map", "tape_loop_sequential_map", "mirrored_loop_generator"}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,9 @@ def only_run(document: dict) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(ALL_PLANTED))
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=[] if case in MAKE_TEST else [pytest.mark.long]) for case in ALL_PLANTED]
+)
 def test_profile_names_the_planted_cause_first(corpus_files, tmp_path, monkeypatch, case):
     document = profile_script(case, corpus_files, tmp_path)
     item = only_run(document)

@@ -117,7 +117,7 @@ def test_a_model_registered_by_the_forker_trains_by_name(tiny_sets):
     assert summary["model"] == "forker_mlp" and summary["val_accuracy"] is not None
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_keras_applications_model_trains_on_the_tiny_dataset(tiny_sets):
     cfg = config.load(
         ROOT / "configs/optimized.yaml", tiny_sets + SHORT + ["train.epochs=1", "model.name=mobilenet_v3_small"]

@@ -340,7 +340,7 @@ def sets(tiny_data_dir, *extra):
     return [arg for item in data_sets(tiny_data_dir) + list(extra) for arg in ("--set", item)]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_tune_finds_a_real_improvement_from_a_mis_set_start_and_a_second_run_starts_from_it(tiny_data_dir, tmp_path):
     out, tuned = tmp_path / "tune", tmp_path / "tuned.yaml"
     mis_set = [
