@@ -182,6 +182,7 @@ class _Descheduled(keras.callbacks.Callback):
             self.stopped += 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["numpy_function_map", "generator_python_decode"])
 def test_a_process_descheduled_mid_step_is_a_stall_not_per_step_overhead(tmp_path, case):
     """Two steps of ten stopped for 0.15 s each (the process descheduled by other load): without telling that time

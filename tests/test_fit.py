@@ -64,6 +64,7 @@ def test_the_cpu_scenario_overlay_trains(tiny_sets):
     assert summary["model"] == "tiny" and summary["examples_per_sec"] > 0
 
 
+@pytest.mark.slow
 def test_rerun_replaces_the_previous_run(tiny_sets):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + PROFILED + ["model.name=tiny"])
     fit_loop.run(cfg, log=quiet)

@@ -49,12 +49,10 @@ def damage_randomly(path: Path, rng: np.random.Generator) -> str:
 # Each case starts a CLI process: the fast tests run case 1 (zeroed bytes, naive preset); the flipped and
 # truncated shards of cases 0 and 2 are what test_reliability's damaged-shard tests check in this process.
 # All eight run in `make test`.
-FAST_SHARD_CASES, SLOW_SHARD_CASES = {1}, {0, 2}  # the others: make test-long
+SLOW_SHARD_CASES = {0, 1, 2}  # make test; the others: make test-long (tests/test_reliability.py damages shards fast)
 
 
 def _tier(case: int) -> list:
-    if case in FAST_SHARD_CASES:
-        return []
     return [pytest.mark.slow] if case in SLOW_SHARD_CASES else [pytest.mark.long]
 
 

@@ -94,6 +94,7 @@ def test_kill_9_then_rerun_resumes_and_ends_where_an_uninterrupted_run_ends(tiny
         np.testing.assert_array_equal(resumed_weight, straight_weight)
 
 
+@pytest.mark.slow
 def test_fresh_starts_over_and_another_config_is_not_mixed_in(tiny_sets, tmp_path):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + FOUR_EPOCHS + ["train.epochs=2"])
     saver_dir = cfg.run_dir
@@ -181,6 +182,7 @@ def test_sigterm_mid_run_saves_a_checkpoint_exits_143_and_the_rerun_resumes_to_t
     assert summary["weights_sha256"] == straight["weights_sha256"]
 
 
+@pytest.mark.slow
 def test_a_step_that_never_ends_still_exits_after_the_grace_period():
     """Where the main thread is stuck (here: blocked reading a pipe) no step ends to save at: the watcher
     thread, woken through signal.set_wakeup_fd, exits with the signal's status after the grace period."""

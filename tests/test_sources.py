@@ -37,6 +37,7 @@ def source_sets(tmp_path: Path, source: str, size: int = 32) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_an_image_folder_becomes_shards_and_trains_with_the_optimized_preset(tmp_path):
     folder = make_image_folder(tmp_path / "my_images")
     sets = source_sets(tmp_path, f"imagefolder:{folder}")
@@ -150,6 +151,7 @@ def test_bad_image_folders_fail_before_any_work(tmp_path, layout, pattern):
     assert not list(tmp_path.glob("imagefolder"))
 
 
+@pytest.mark.slow
 def test_unknown_tfds_name_and_scheme_fail_before_any_work(tmp_path):
     result = run_cli("data", "--set", "data.source=tfds:cifar1O", "--set", f"data.data_dir={tmp_path}")
     assert result.returncode == 2 and "has no dataset 'cifar1O'" in result.stderr and "cifar10" in result.stderr
