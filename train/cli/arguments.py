@@ -14,14 +14,12 @@ def config_args(parser: argparse.ArgumentParser, default: str | None = "configs/
         metavar="YAML",
         help="partial preset merged over --config (repeatable), e.g. configs/scenarios/cpu.yaml",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one key, e.g. --set pipeline.batch_size=64 (repeatable)",
-    )
+    overrides_arg(parser, "override one key, e.g. --set pipeline.batch_size=64 (repeatable)")
+
+
+def overrides_arg(parser: argparse.ArgumentParser, text: str) -> None:
+    """--set KEY=VALUE (repeatable) into args.overrides; every command that takes overrides says what they reach."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=text)
 
 
 def scenario_arg(parser: argparse.ArgumentParser, default: str = "auto", what: str = "every variant") -> None:
@@ -46,14 +44,7 @@ def scenario_args(parser: argparse.ArgumentParser, out: str) -> None:
     parser.add_argument("--naive", default="configs/naive.yaml")
     parser.add_argument("--optimized", default="configs/optimized.yaml")
     scenario_arg(parser)
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override applied to every variant (repeatable), e.g. --set model.width=32",
-    )
+    overrides_arg(parser, "override applied to every variant (repeatable), e.g. --set model.width=32")
     parser.add_argument("--out", default=out, help="output folder (default: %(default)s)")
 
 

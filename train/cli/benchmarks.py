@@ -127,9 +127,7 @@ def _add_benchmark_commands(commands) -> None:
         action="append",
         help="a scenario to check (repeatable; default: " + " and ".join(options.CheckOptions.scenarios) + ")",
     )
-    check.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant"
-    )
+    arguments.overrides_arg(check, "override for every variant")
     check.add_argument("--trials", type=int, help="rounds of every check (default: each command's own)")
     check.add_argument("--seconds", type=float, help="minimum seconds per trial (default: each command's own)")
     check.add_argument("--out", default=str(options.CheckOptions.out), help="output folder (default: %(default)s)")

@@ -93,14 +93,7 @@ def _k8s_parser(commands) -> None:
     k8s.add_argument("--gpus-per-worker", type=int, default=1, help="nvidia.com/gpu per trainer pod; 0 for CPU")
     k8s.add_argument("--data-workers", type=int, default=2, help="tf.data service workers; 0 renders no data service")
     k8s.add_argument("--config", default="configs/optimized.yaml", help="the preset the pods run (in the image)")
-    k8s.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override for the dataset Job and the trainer (repeatable)",
-    )
+    arguments.overrides_arg(k8s, "config override for the dataset Job and the trainer (repeatable)")
     k8s.add_argument("--storage-class", help="StorageClass of the volumes (default: the cluster's)")
     k8s.add_argument("--out", default="deploy/k8s/rendered", help="output folder (default: %(default)s)")
     k8s.set_defaults(func=cmd_k8s)
