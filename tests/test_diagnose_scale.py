@@ -491,9 +491,10 @@ def test_gpu_shaped_profiles_of_hundreds_of_mb_are_read_in_memory_that_grows_sub
     large = diagnose.diagnose(tmp_path / "gpu300")["runs"]["."]
     assert large["profile"]["skipped"] and large["profile"]["large_profile"]
     # the host's figures are the small capture's; the device planes' kernels are recorded work, so they can only
-    # fill a stall gap (the share of the step without its stall moves with it), never add input wait
+    # fill a gap in it, never open one or add input wait. (The stall as a whole may move: a gap a kernel filled is
+    # compute, and a step whose compute grew far above the others' counts as stretched.)
     grown, base_wait = large["profile"]["input_pipeline"], small["profile"]["input_pipeline"]
     assert grown["input_ms"] == base_wait["input_ms"] and grown["step_ms"] == base_wait["step_ms"]
-    assert (grown.get("stall_ms") or 0.0) <= (base_wait.get("stall_ms") or 0.0)
+    assert grown["stall"]["gaps_ms"] <= base_wait["stall"]["gaps_ms"]
     assert large["profile"]["input_pipeline"]["device"]["kernels_per_step"] >= made["kernels_per_step_per_device"]
     assert 0 < large["profile"]["device_busy_percent"] < 100
