@@ -147,15 +147,20 @@ def test_search_recovers_from_a_mis_set_start_and_rejects_noise():
     assert kept == [("pipeline.parallel_calls", "auto"), ("pipeline.prefetch", "auto")]
     rejected = {row["value"]: row for row in found.trials if row.get("kept") is False}
     assert set(rejected) == {4, 2}
-    # every candidate was measured against the best of its time
-    assert measure.calls[1] == ({"pipeline.parallel_calls": "auto"}, {"pipeline.parallel_calls": 4})
+    # every candidate was measured against the best of its time: each knob's first choice, then the second ones
+    auto = {"pipeline.parallel_calls": "auto"}
+    assert measure.calls[1] == (auto, {**auto, "pipeline.prefetch": "auto"})
+    best = found.best
+    assert measure.calls[3] == (best, {**best, "pipeline.parallel_calls": 4})
     assert measure.kept[-1] == found.best  # losers released, the best kept
 
 
 def test_search_stops_when_the_next_candidate_would_overrun_the_budget():
+    """A budget of two candidates measures the first choice of two knobs, not the second choice of the first."""
     measure = FakeMeasure(FACTORS, BASE, cost=20.0)
     found = search(measure, budget_s=50.0)
     assert found.stopped == "budget" and len(measure.calls) == 2 and measure.clock.now <= 50.0
+    assert found.best == {"pipeline.parallel_calls": "auto", "pipeline.prefetch": "auto"}
 
 
 def failing(error: Exception):
@@ -169,8 +174,10 @@ def failing(error: Exception):
 
 
 def test_a_candidate_that_cannot_run_here_is_not_kept_and_the_search_goes_on():
-    found = search(failing(search_lib.CandidateFailed("candidate: ResourceExhaustedError: out of memory")))
+    measure = failing(search_lib.CandidateFailed("candidate: ResourceExhaustedError: out of memory"))
+    found = search(measure)
     assert found.trials[0]["skipped"].startswith("failed: candidate: ResourceExhaustedError")
+    assert measure.calls[0] == ({}, {"pipeline.parallel_calls": 4})  # the knob's next choice takes its turn
     assert found.best == {"pipeline.parallel_calls": 4, "pipeline.prefetch": "auto"}
 
 

@@ -73,7 +73,15 @@ def plan(cfg, spec, found, *, replicas: int = 1, batch: bool = False, only: list
                 also=lambda value: {"train.learning_rate": base_rate * value / base_batch},
             )
         )
+    # The cache first: it decides what runs every epoch, and so what the parallelism after it acts on.
+    caches = ["memory"] + (["disk"] if p.cache_dir and tfrecord else []) + (["encoded"] if tfrecord else []) + ["none"]
+    if p.random_crop:
+        caches = [c for c in caches if c in ("encoded", "none")]
+    knobs.append(
+        Knob("pipeline.cache", caches, f"what is kept between epochs, within cache_limit_mb ({p.cache_limit_mb})")
+    )
     knobs.append(Knob("pipeline.parallel_calls", _dedupe(["auto", cores, 2 * cores]), "decode and augment threads"))
+    knobs.append(Knob("pipeline.prefetch", ["auto", 4], "batches prepared ahead of the model"))
     if tfrecord:
         knobs.append(
             Knob(
@@ -82,13 +90,6 @@ def plan(cfg, spec, found, *, replicas: int = 1, batch: bool = False, only: list
                 "shards read at once",
             )
         )
-    caches = ["memory"] + (["disk"] if p.cache_dir and tfrecord else []) + (["encoded"] if tfrecord else []) + ["none"]
-    if p.random_crop:
-        caches = [c for c in caches if c in ("encoded", "none")]
-    knobs.append(
-        Knob("pipeline.cache", caches, f"what is kept between epochs, within cache_limit_mb ({p.cache_limit_mb})")
-    )
-    knobs.append(Knob("pipeline.prefetch", ["auto", 4], "batches prepared ahead of the model"))
     if p.augment in ("batched", "device", "per_example"):
         order = ["device", "batched", "per_example"] if found.gpus else ["batched", "device", "per_example"]
         knobs.append(Knob("pipeline.augment", order, "where the same flips and shift run"))
