@@ -2,8 +2,9 @@
 
 Starting from a config (the optimized preset by default, plus configs/tuned.yaml when a previous
 tune wrote one), a greedy coordinate search tries one knob at a time over a short list of
-candidates, most promising first (each knob's first choice, then the second ones), each measured against the current best and kept only when
-faster beyond the noise (the benchmarks' one rule, train/benchmarks/stats.py). Its parts:
+candidates, most promising first (each knob's first choice, then the second ones), each
+measured against the current best and kept only when faster beyond the noise (the benchmarks'
+one rule, train/benchmarks/stats.py). Its parts:
 
     space.py    what is searched: the knobs that change speed and not what is learned
     search.py   the greedy search loop
