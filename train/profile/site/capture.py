@@ -201,9 +201,13 @@ class Capture(keras_fit.FitCapture):
                 self.trace.__exit__(None, None, None)
                 self.trace = None
             capture = self.status["capture"]
-            capture.update(state="done", stopped_at=time.time(), why=why, last_step=self.status_steps())
+            capture.update(state="stopping", stopped_at=time.time(), why=why, last_step=self.status_steps())
+            # Saved first: a process that dies inside TensorFlow's stop (a native crash seen under
+            # MultiWorkerMirroredStrategy) leaves "stopping" behind, which the parent reports as such.
+            self.save()
             try:
                 self.tf.profiler.experimental.stop()
+                capture.update(state="done")
             except Exception as error:
                 capture.update(state="failed", error=f"{type(error).__name__}: {error}")
             self.save()
