@@ -300,8 +300,8 @@ def test_a_script_killed_by_sigterm_before_the_window(tmp_path):
 
 @pytest.mark.slow
 def test_a_process_that_dies_inside_the_profilers_stop_is_named_not_taken_for_one_that_never_trained(tmp_path):
-    """TensorFlow's stop crashes natively now and then under MultiWorkerMirroredStrategy (about one run in seven of
-    two workers here); an abort in its place stands in for that crash, in a real profiled process."""
+    """TensorFlow's stop crashes natively now and then under MultiWorkerMirroredStrategy (3 of 34 runs of two
+    workers here); an abort in its place stands in for that crash, in a real profiled process."""
     crash = "import os\nimport tensorflow as tf\ntf.profiler.experimental.stop = lambda *a, **k: os.abort()\n"
     name = script(tmp_path, crash + FIT)
     done = profile(tmp_path, "--logdir", "logs", "--", sys.executable, name)

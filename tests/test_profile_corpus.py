@@ -101,7 +101,7 @@ def test_two_multi_worker_processes_get_one_verdict_each(corpus_files, tmp_path)
 
     In `make test-long`, not CI: now and then one worker dies of a native heap error ("corrupted size vs.
     prev_size", "free(): invalid size", a segfault) inside `tf.profiler.experimental.stop()`, on the main thread at
-    the window's end (3 in 20 runs; 0 in 12 without `profile`) and the other reports it lost: a crash in
+    the window's end (3 in 34 runs; 0 in 12 without `profile`) and the other reports it lost: a crash in
     TensorFlow's profiler, which CI would hit at random. profile names it (test_profile.py)."""
     document = profile_script("multi_worker_generator", corpus_files, tmp_path, timeout=500)
     assert set(document["runs"]) == {"worker-0", "worker-1"}
