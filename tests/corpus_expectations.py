@@ -7,7 +7,13 @@ the analyser that changes what it concludes about the corpus shows up as a misma
 
 Recording (profiles every case ROUNDS times into ROOT, diagnoses them all and writes the file):
 
-    python -m tests.corpus_expectations ROOT --rounds 3 [--out tests/corpus_expectations.yaml]
+    python -m tests.corpus_expectations ROOT --rounds 3 [--out tests/corpus_expectations.yaml] [--pool]
+
+The record names the machines it was made on (CPU, bfloat16 units, cores, TensorFlow). The two kinds of
+machine this project runs on differ several-fold in how fast they run the corpus's models against its
+pipelines, so a record made on one kind alone can fail on the other: `--pool` keeps what the file already
+holds and widens it with this machine's observations (run it once on each kind). Cases whose verdict depends
+on that speed ratio match their model to the machine instead (tests/user_pipelines.py, MATCHED).
 
 Under load (how users profile on busy machines; the analysis must hold there too):
 
@@ -46,12 +52,16 @@ TOLERANCE = 10.0  # points of step time removed by the first fix ...
 RATIO = 1.6  # ... or this factor on it, whichever is wider: a share of step time swings that much under load
 NONE = None  # a "first" of None: no recommendation at all
 MIN_GAIN = 1.05  # diagnose leaves out fixes estimated below this
+SMALL_GAIN = 1.2  # a first fix below this, in a case recorded with several first causes, may be any of them
 HOWS = {"numpy_function_map": ("stock", "bare")}  # cases also captured without step markers
 
 
 def keys(cases) -> list[str]:
-    """'case' for the step-marker capture, 'case/stock' and 'case/bare' for the others."""
-    out = list(cases)
+    """'case' for the step-marker capture, 'case/stock' and 'case/bare' for the others. The flips are not recorded:
+    their verdict is what the model's speed against the pipeline's, measured where they run, implies."""
+    from tests.user_pipelines import FLIPS
+
+    out = [case for case in cases if case not in FLIPS]
     for case, hows in HOWS.items():
         out += [f"{case}/{how}" for how in hows]
     return out
@@ -64,6 +74,26 @@ def split(key: str) -> tuple[str, str]:
 
 def load(path: Path = FILE) -> dict:
     return yaml.safe_load(path.read_text())["cases"]
+
+
+def recorded_on(path: Path = FILE) -> list[dict]:
+    """The machines whose profiles the record pools (machine() of each)."""
+    return yaml.safe_load(path.read_text()).get("machines") or []
+
+
+def machine() -> dict:
+    """What a record depends on: the CPU (its speed against the models' sets the verdicts), whether it has bfloat16
+    units, its cores, and TensorFlow's version."""
+    import tensorflow as tf
+
+    from train.training.devices import BF16_FLAGS, cpu_flags, cpu_model
+
+    return {
+        "cpu": cpu_model(),
+        "bf16_units": bool(cpu_flags() & BF16_FLAGS),
+        "cores": os.cpu_count(),
+        "tensorflow": tf.__version__,
+    }
 
 
 def _first(item: dict) -> tuple[str | None, float | None]:
@@ -79,8 +109,11 @@ def mismatches(expected: dict, item: dict) -> list[str]:
     if any(note.startswith("Unseen producers") for note in item.get("notes", ())):
         return found  # TensorFlow 2.17 lost part of the trace: the diagnosis says so; ranks are not comparable
     cause, gain = _first(item)
-    allowed = expected["first"] if isinstance(expected["first"], list) else [expected["first"]]
-    if cause not in allowed:
+    allowed = _listed(expected["first"])
+    # Where the record saw several first causes (a pipeline with nothing planted), all of them small, which small
+    # fix ranks first is noise: another cause is accepted as long as it is as small.
+    small = len(allowed) > 1 and gain is not None and gain <= max(expected["gain"][1], SMALL_GAIN)
+    if cause not in allowed and not small:
         found.append(f"first cause {cause!r}, recorded {allowed}")
     elif cause == expected["gain_of"] and gain is not None:
         low, high = expected["gain"]
@@ -119,6 +152,34 @@ def summarize(observations: list[tuple[str, str | None, float | None]], planted:
         },
     }
     return record
+
+
+def _listed(first) -> list:
+    return first if isinstance(first, list) else [first]
+
+
+def merge(old: dict, new: dict) -> dict:
+    """One case's record that holds what both records saw: another machine's, or another time's, observations
+    widen the verdicts, first causes and gain band; neither narrows them."""
+    firsts = list(dict.fromkeys(_listed(old["first"]) + _listed(new["first"])))
+    same = old["gain_of"] == new["gain_of"]
+    band = [min(old["gain"][0], new["gain"][0]), max(old["gain"][1], new["gain"][1])] if same else new["gain"]
+    seen_old, seen_new = old["observed"], new["observed"]
+    counts = dict(seen_old["first"])
+    for cause, count in seen_new["first"].items():
+        counts[cause] = counts.get(cause, 0) + count
+    gains = [g for g in (seen_old["gain"] if same else None, seen_new["gain"]) if g]
+    return {
+        "verdicts": sorted(set(old["verdicts"]) | set(new["verdicts"])),
+        "first": firsts if len(firsts) > 1 else firsts[0],
+        "gain_of": new["gain_of"],
+        "gain": band,
+        "observed": {
+            "profiles": seen_old["profiles"] + seen_new["profiles"],
+            "first": counts,
+            "gain": [min(g[0] for g in gains), max(g[1] for g in gains)] if gains else None,
+        },
+    }
 
 
 def _profile_rounds(root: Path, rounds: int) -> None:
@@ -181,7 +242,7 @@ def flips(root: Path) -> dict:
     return dict(found)
 
 
-def record(root: Path, rounds: int, out: Path) -> dict:
+def record(root: Path, rounds: int, out: Path, pool: bool = False) -> dict:
     from tests.test_diagnose_corpus import PLANTED
     from tests.user_pipelines import ALL
     from train.diagnose.report import diagnose
@@ -195,6 +256,11 @@ def record(root: Path, rounds: int, out: Path) -> dict:
         (item,) = diagnose(logdir)["runs"].values()
         seen[key].append((item["verdict"], *_first(item)))
     cases = {key: summarize(obs, PLANTED.get(split(key)[0])) for key, obs in sorted(seen.items())}
+    machines = [machine()]
+    if pool and out.exists():  # what the record already holds, from other machines or other rounds, stays in it
+        before = load(out)
+        cases = {key: merge(before[key], case) if key in before else case for key, case in cases.items()}
+        machines = [m for m in recorded_on(out) if m != machines[0]] + machines
     header = (
         "# What diagnose concludes about each corpus case (tests/corpus_expectations.py says how it was\n"
         "# recorded and how it is compared). Written by `python -m tests.corpus_expectations`.\n"
@@ -202,7 +268,7 @@ def record(root: Path, rounds: int, out: Path) -> dict:
     out.write_text(
         header
         + yaml.safe_dump(
-            {"tolerance_points": TOLERANCE, "tolerance_ratio": RATIO, "cases": cases},
+            {"machines": machines, "tolerance_points": TOLERANCE, "tolerance_ratio": RATIO, "cases": cases},
             sort_keys=False,
             default_flow_style=None,
             width=120,
@@ -249,6 +315,11 @@ if __name__ == "__main__":
         "--pauses", type=float, default=0.0, help="stop the profiling process for up to MS ms now and then"
     )
     parser.add_argument("--flips", action="store_true", help="count first causes that are not the planted one")
+    parser.add_argument(
+        "--pool",
+        action="store_true",
+        help="keep what the record already holds (another machine's observations) and widen it with these",
+    )
     args = parser.parse_args()
     if args.hog or args.pauses:
         with busy_machine(args.hog, args.pauses):
@@ -263,5 +334,5 @@ if __name__ == "__main__":
         for case, figures in fixes(args.root).items():
             print(f"{case:28s} estimated {figures['estimated']}  measured {figures['measured']}")
         sys.exit(0)
-    for key, case in record(args.root, args.rounds, args.out).items():
+    for key, case in record(args.root, args.rounds, args.out, pool=args.pool).items():
         print(f"{key:40s} {case['verdicts']} {case['first']} {case['gain']} observed {case['observed']}")

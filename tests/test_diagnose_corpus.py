@@ -19,7 +19,8 @@ import pytest
 from tests import corpus_expectations, user_pipelines
 from train import diagnose
 from train.diagnose.recommendation import Recommendation
-from train.diagnose.structural import structural_fixes
+from train.diagnose.stalls import working_step
+from train.diagnose.structural import latent_fixes, production, structural_fixes
 
 PLANTED = {  # case -> the cause the first recommendation must name
     "generator_python_decode": "python-generator",
@@ -50,6 +51,7 @@ def profiled(tmp_path_factory):
             made[case, how] = logdir
         return made[case, how]
 
+    make.files = files  # the files, with the model widths matched to this machine
     return make
 
 
@@ -152,6 +154,38 @@ def test_a_prefetch_below_the_root_does_not_hide_the_one_missing_at_the_root(pro
     assert prefetch.stage.endswith("BatchV2") and "runs only what lies below it ahead" in prefetch.evidence
 
 
+def _listed(item, cause):
+    return [r for r in item["recommendations"] + item["latent"] if r["cause"] == cause]
+
+
+@pytest.mark.slow
+def test_the_same_pipeline_is_input_bound_under_a_fast_model_and_device_bound_under_a_slow_one(profiled):
+    """One pipeline (batches resized in a map of two parallel calls, no prefetch) against two models whose steps are
+    measured here against the pipeline's batch: the verdict follows the measured ratio, whatever the machine, and
+    the missing prefetch is in both outputs: ranked where the model waits, a latent note where it does not."""
+    fast_case, slow_case = user_pipelines.FLIPS
+    fast, slow = _only_run(profiled(fast_case)), _only_run(profiled(slow_case))
+    files = profiled.files
+    fast_ratio = user_pipelines.matched(files, fast_case)["ratio"]
+    slow_ratio = user_pipelines.matched(files, slow_case)["ratio"]
+    assert fast_ratio <= 0.5 and slow_ratio >= 2.5, (fast_ratio, slow_ratio)  # what the two verdicts below need
+    assert fast["verdict"] == "input-bound", (fast_ratio, fast["profile"]["input_bound_percent"])
+    assert slow["verdict"] == "device-bound", (slow_ratio, slow["profile"]["input_bound_percent"])
+    (ranked,) = _listed(fast, "no-prefetch")
+    assert ranked["kind"] == "speed" and "ParallelMap" in ranked["stage"]
+    (note,) = _listed(slow, "no-prefetch")
+    assert note in slow["latent"] and note["kind"] == "latent" and "ParallelMap" in note["stage"]
+    assert "Not ranked" in note["caveat"] and "runs ahead by its own parallel calls" in note["if_faster"]
+    text = diagnose.render({"runs": {"slow": slow}})
+    assert "they would cost where the step is faster" in text and "[no-prefetch, latent]" in text
+    assert "cores it shared with the model" in note["if_faster"]  # a CPU-only profile cannot time the pipeline alone
+    wait = slow["profile"]["input_pipeline"]  # on a device of its own the pipeline's time per batch is its own
+    (on_device,) = latent_fixes(wait, cpu_only=False, listed=[])
+    needs, _ = production(wait)
+    rest = working_step(wait) - wait["input_ms"]
+    assert f"{rest / needs:.1f}x as fast as this one" in on_device.if_faster
+
+
 # Resumes a stopped process: waits, then sends SIGCONT until /proc says the process runs again.
 _RESUMER = """
 import os, signal, sys, time
@@ -218,7 +252,8 @@ def test_the_diagnosis_matches_the_recorded_expectation(profiled, key):
     assert key in EXPECTED, f"no record for {key}: python -m tests.corpus_expectations ROOT --rounds 3"
     item = _only_run(profiled(*corpus_expectations.split(key)))
     found = corpus_expectations.mismatches(EXPECTED[key], item)
-    assert not found, (key, found, [(r["cause"], r["estimated_gain"]) for r in item["recommendations"]])
+    ranked = [(r["cause"], r["estimated_gain"]) for r in item["recommendations"]]
+    assert not found, (key, found, ranked, "recorded on", corpus_expectations.recorded_on())
 
 
 def _per_example_ms(item):

@@ -10,6 +10,7 @@ tests pass it a log folder, never a case name.
 from __future__ import annotations
 
 import io
+import json
 import time
 from pathlib import Path
 
@@ -80,18 +81,93 @@ def small_model(input_shape=(SIZE, SIZE, 3)):
     return model
 
 
-def medium_model(input_shape=(SIZE, SIZE, 3)):
+# ---- a model matched to this machine, where the planted cause depends on the model's speed against the pipeline's ---
+# A missing prefetch costs a step min(batch production, the rest of the step): it shows as a cause only while the
+# model's step and the pipeline's batch are of the same order. Machines differ several-fold in how fast they run the
+# same model against the same pipeline, so the model's width is chosen here, on the machine that runs the case.
+
+MATCHED = {  # case -> (its pipeline, the model's step / the pipeline's batch it is planted at)
+    "no_prefetch": ("_no_prefetch_pipeline", 2.0),
+    "parallel_map_no_prefetch_fast_model": ("_batches_mapped_in_parallel", 0.05),  # the narrowest model there is
+    "parallel_map_no_prefetch_slow_model": ("_batches_mapped_in_parallel", 4.0),
+}
+WIDTHS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def strided_model(width: int, input_shape=(SIZE, SIZE, 3)):
+    """Two convolutions after a stride of 2: its step spans 1-2 orders of magnitude as `width` grows."""
     model = keras.Sequential(
         [
             keras.Input(input_shape),
-            keras.layers.Conv2D(16, 3, activation="relu"),
-            keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
+            keras.layers.Conv2D(width, 3, strides=2, activation="relu"),
+            keras.layers.Conv2D(width, 3, activation="relu"),
             keras.layers.GlobalAveragePooling2D(),
             keras.layers.Dense(CLASSES),
         ]
     )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+def batch_ms(dataset, skip: int = 5, count: int = 12) -> float:
+    """Milliseconds the pipeline takes per batch by itself, after `skip` batches (buffers filled)."""
+    iterator = iter(dataset)
+    for _ in range(skip):
+        next(iterator)
+    started = time.perf_counter()
+    for _ in range(count):
+        next(iterator)
+    return 1e3 * (time.perf_counter() - started) / count
+
+
+def step_ms(model, batch, steps: int = 12) -> float:
+    """The model's training step on one batch fed from memory (median, the first three steps left out)."""
+    ended = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda step, logs: ended.append(time.perf_counter()))
+    model.fit(tf.data.Dataset.from_tensors(batch).repeat(), steps_per_epoch=steps, verbose=0, callbacks=[record])
+    return 1e3 * float(np.median(np.diff(ended[3:])))
+
+
+def match_width(dataset, ratio: float) -> dict:
+    """The strided_model width whose step on this machine is nearest `ratio` times the pipeline's batch, with
+    both figures: {"width", "step_ms", "batch_ms", "ratio"}."""
+    produced = batch_ms(dataset)
+    batch = next(iter(dataset))
+    target, measured = ratio * produced, {}
+
+    def measure(index: int) -> float:
+        if index not in measured:
+            measured[index] = step_ms(strided_model(WIDTHS[index]), batch)
+        return measured[index]
+
+    # From width 16, a jump to where the step would be if it grew as width ** 1.5, then one width at a time.
+    guess = 16 * (target / measure(WIDTHS.index(16))) ** (1 / 1.5)
+    index = int(np.argmin([abs(np.log(w / guess)) for w in WIDTHS]))
+    while True:
+        step = 1 if measure(index) < target else -1
+        if not 0 <= index + step < len(WIDTHS) or index + step in measured:
+            break
+        index += step
+    best = min(measured, key=lambda i: abs(np.log(measured[i] / target)))
+    return {
+        "width": WIDTHS[best],
+        "step_ms": round(measured[best], 2),
+        "batch_ms": round(produced, 2),
+        "ratio": round(measured[best] / produced, 2),
+    }
+
+
+def matched(files: dict, case: str) -> dict:
+    """match_width for `case`'s pipeline, measured once per files (kept in files["matched"], saved by save_files)."""
+    pipeline, ratio = MATCHED[case]
+    found = files.setdefault("matched", {})
+    if case not in found:
+        found[case] = match_width(globals()[pipeline](files), ratio)
+    return found[case]
+
+
+def matched_model(files: dict, case: str):
+    return strided_model(matched(files, case)["width"])
 
 
 # ---- the cases: each returns (dataset, model, fit keyword arguments) ----------------------------
@@ -149,18 +225,31 @@ def sequential_tf_map(files):
     return ds, small_model(), {"steps_per_epoch": 20}
 
 
-def no_prefetch(files):
-    """Parsed in parallel, shuffled and batched, no prefetch; autotune off to keep memory predictable."""
+def _resized_standardized(image, label, factor: int = 2):
+    """Flipped at random, resized from `factor` times the size (bicubic up, antialiased down) and standardized:
+    per-example work of a few ms that no cache can keep (it is random); images or whole batches."""
+    up = (factor * SIZE, factor * SIZE)
+    image = tf.image.random_flip_left_right(tf.image.convert_image_dtype(image, tf.float32))
+    image = tf.image.resize(image, up, method="bicubic")
+    return tf.image.per_image_standardization(tf.image.resize(image, (SIZE, SIZE), antialias=True)), label
 
-    def preprocess(image, label):
-        image = tf.image.resize(tf.image.convert_image_dtype(image, tf.float32), (SIZE, SIZE), method="bicubic")
-        return tf.image.per_image_standardization(image), label
 
+def _standardized_examples(files):
+    """In-memory images through a map of two parallel calls, autotune off to keep memory predictable."""
     options = tf.data.Options()
     options.autotune.enabled = False
     ds = tf.data.Dataset.from_tensor_slices((files["images"], files["image_labels"]))
-    ds = ds.repeat().map(preprocess, num_parallel_calls=2).shuffle(256).batch(64).with_options(options)
-    return ds, medium_model(), {"steps_per_epoch": 20}
+    return ds.repeat().map(_resized_standardized, num_parallel_calls=2).with_options(options)
+
+
+def _no_prefetch_pipeline(files):
+    return _standardized_examples(files).shuffle(256).batch(64)
+
+
+def no_prefetch(files):
+    """Parsed in parallel, shuffled and batched, no prefetch, into a model whose step takes about twice as long as
+    the pipeline's batch on this machine (matched_model): the batch is made while the model waits."""
+    return _no_prefetch_pipeline(files), matched_model(files, "no_prefetch"), {"steps_per_epoch": 20}
 
 
 def tiny_batch(files):
@@ -342,21 +431,6 @@ def profile(case: str, files: dict, logdir: Path, how: str = "markers") -> float
 # ---- appended for diagnose's structural fixes: every defect the pipeline tree shows is listed ----------------------
 
 
-def light_model(input_shape=(SIZE, SIZE, 3)):
-    model = keras.Sequential(
-        [
-            keras.Input(input_shape),
-            keras.layers.Rescaling(1 / 255),
-            keras.layers.Conv2D(6, 3, activation="relu"),
-            keras.layers.Conv2D(6, 3, strides=2, activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(CLASSES),
-        ]
-    )
-    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
 def decode_map_no_prefetch(files):
     """JPEGs decoded and resized in a map written without num_parallel_calls, batched, and no prefetch (autotune
     off): the map holds the step; nothing buffers batches ahead of the model."""
@@ -369,7 +443,7 @@ def decode_map_no_prefetch(files):
     options.autotune.enabled = False
     ds = tf.data.Dataset.from_tensor_slices((files["jpegs"], files["labels"]))
     ds = ds.repeat().map(load).batch(32).with_options(options)
-    return ds, light_model(), {"steps_per_epoch": 20}
+    return ds, small_model(), {"steps_per_epoch": 20}
 
 
 def records_one_at_a_time(files):
@@ -391,17 +465,45 @@ def records_one_at_a_time(files):
 def prefetch_before_batch(files):
     """The no_prefetch pipeline with a prefetch written before .shuffle().batch() (autotune off): elements are
     made ahead, but every batch is still shuffled out and assembled while the model waits."""
+    ds = _standardized_examples(files).prefetch(64).shuffle(256).batch(64)
+    return ds, matched_model(files, "no_prefetch"), {"steps_per_epoch": 20}
 
-    def preprocess(image, label):
-        image = tf.image.resize(tf.image.convert_image_dtype(image, tf.float32), (SIZE, SIZE), method="bicubic")
-        return tf.image.per_image_standardization(image), label
 
+def _batches_mapped_in_parallel(files):
+    """Shuffled, batched, then each batch resized and standardized in a map of two parallel calls, the stage the
+    model reads from, with no prefetch (autotune off): the map runs ahead by its two calls, nothing buffers more."""
     options = tf.data.Options()
     options.autotune.enabled = False
-    ds = tf.data.Dataset.from_tensor_slices((files["images"], files["image_labels"]))
-    ds = ds.repeat().map(preprocess, num_parallel_calls=2).prefetch(64).shuffle(256).batch(64).with_options(options)
-    return ds, medium_model(), {"steps_per_epoch": 20}
 
+    def resize(images, labels):
+        return _resized_standardized(images, labels, factor=4)
+
+    ds = tf.data.Dataset.from_tensor_slices((files["images"], files["image_labels"])).repeat().shuffle(256).batch(64)
+    return ds.map(resize, num_parallel_calls=2).with_options(options)
+
+
+def parallel_map_no_prefetch_fast_model(files):
+    """The pipeline above, feeding a model much faster than it: the model waits for every batch."""
+    return (
+        _batches_mapped_in_parallel(files),
+        matched_model(files, "parallel_map_no_prefetch_fast_model"),
+        {"steps_per_epoch": 20},
+    )
+
+
+def parallel_map_no_prefetch_slow_model(files):
+    """The same pipeline, feeding a model several times slower than it: it keeps up, and its prefetch is missing."""
+    return (
+        _batches_mapped_in_parallel(files),
+        matched_model(files, "parallel_map_no_prefetch_slow_model"),
+        {"steps_per_epoch": 12},
+    )
+
+
+FLIPS = {  # one pipeline against two models: the verdict flips with the model's speed (tests/test_diagnose_corpus.py)
+    "parallel_map_no_prefetch_fast_model": parallel_map_no_prefetch_fast_model,
+    "parallel_map_no_prefetch_slow_model": parallel_map_no_prefetch_slow_model,
+}
 
 STRUCTURAL = {
     "decode_map_no_prefetch": decode_map_no_prefetch,
@@ -410,6 +512,7 @@ STRUCTURAL = {
 }
 CASES.update(STRUCTURAL)
 ALL.update(STRUCTURAL)
+ALL.update(FLIPS)
 
 
 # ---- custom training loops, and the corpus as scripts a user runs (python -m train profile -- python ...) ---------
@@ -485,7 +588,6 @@ def own_tensorboard_numpy_function(files, steps=None):
 def multi_worker_generator(files, steps=40, workers=2):
     """Two local MultiWorkerMirroredStrategy workers (a custom loop: Keras fit fails under MWMS, keras#20585),
     started by this script as a user's launcher would; batches from a Python generator."""
-    import json
     import os
     import socket
     import subprocess
@@ -542,6 +644,9 @@ def save_files(root: Path) -> Path:
     """make_files once, with its arrays saved beside the files, for scripts that load them (load_files)."""
     files = make_files(root)
     np.savez(root / "arrays.npz", images=files["images"], image_labels=files["image_labels"])
+    for case in MATCHED:  # measured here: a script that profile runs must not train anything but its case
+        matched(files, case)
+    (root / "matched.json").write_text(json.dumps(files["matched"]))
     (root / "paths.txt").write_text("\n".join(files["jpegs"] + ["--"] + files["shards"]))
     return root
 
@@ -550,7 +655,9 @@ def load_files(root: Path) -> dict:
     jpegs, shards = (part.split("\n") for part in (root / "paths.txt").read_text().split("\n--\n"))
     arrays = np.load(root / "arrays.npz")
     labels = [i % CLASSES for i in range(len(jpegs))]
-    return {"jpegs": jpegs, "labels": labels, "shards": shards, **{k: arrays[k] for k in arrays.files}}
+    matched_widths = json.loads((root / "matched.json").read_text())
+    arrays = {name: arrays[name] for name in arrays.files}
+    return {"jpegs": jpegs, "labels": labels, "shards": shards, "matched": matched_widths, **arrays}
 
 
 def run_script(case: str, root: Path, steps: int | None = None, times: str | None = None) -> None:
@@ -572,8 +679,6 @@ def run_script(case: str, root: Path, steps: int | None = None, times: str | Non
         callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=step_ended))
     model.fit(dataset, verbose=0, callbacks=callbacks, **fit_args)
     if times:
-        import json
-
         Path(times).write_text(json.dumps({"step_ends": ended, "batch": _batch_size(dataset)}))
 
 

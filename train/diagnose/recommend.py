@@ -7,7 +7,7 @@ from train.diagnose.input_causes import input_causes
 from train.diagnose.recommendation import Causes, Recommendation, rank
 from train.diagnose.stalls import working_step
 from train.diagnose.step_causes import device_causes, per_step_overhead
-from train.diagnose.structural import structural_fixes
+from train.diagnose.structural import latent_fixes, structural_fixes
 from train.diagnose.verdict import INPUT_BOUND
 
 
@@ -15,7 +15,8 @@ def recommendations(
     profile: dict, config: dict | None = None, device: DeviceView | None = None
 ) -> list[Recommendation]:
     """The causes this profile shows, ranked: what changes what is learned first, then most step time removed;
-    then, when the run is input-bound, the structural fixes its pipeline tree shows that none of those makes.
+    then, when the run is input-bound, the structural fixes its pipeline tree shows that none of those makes
+    (when it is not, `latent` lists them apart).
 
     `config` is the run's config.yaml where there is one (it tells the precision the run trained in);
     `device` what the run and the profile say about the device (train/diagnose/device.py).
@@ -34,3 +35,13 @@ def recommendations(
     if profile["input_bound_percent"] >= INPUT_BOUND:
         ranked += structural_fixes(wait, device.cpu_only, ranked)
     return ranked
+
+
+def latent(profile: dict, ranked: list[Recommendation], device: DeviceView | None = None) -> list[Recommendation]:
+    """A run that is not input-bound: the structural defects its pipeline tree shows that `ranked` does not fix, as
+    notes of what they would cost where the step is faster (train/diagnose/structural.py)."""
+    wait = profile.get("input_pipeline") or {}
+    share = profile["input_bound_percent"]
+    if share is None or share >= INPUT_BOUND or not profile["step_time_ms"] or not wait.get("measured"):
+        return []
+    return latent_fixes(wait, (device or view(profile)).cpu_only, ranked)

@@ -4,7 +4,8 @@ A recommendation names one cause a profile shows, in the input pipeline (input_c
 the step itself (step_causes.py), with this profile's figures, the step time its fix would remove
 and the estimated gain: step time / (step time - time removed), per example. A cause that changes
 what the model learns removes no time and ranks first; the others rank by the time they remove,
-and one estimated to gain less than MIN_GAIN is left out.
+and one estimated to gain less than MIN_GAIN is left out. A structural defect of a run that is not
+input-bound is LATENT: listed after them, with what it would cost where the step is faster.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 MIN_GAIN = 1.05  # leave out fixes that would gain less than this (a share of step time, not a duration)
 MOST_REMOVED = 0.95  # never promise more than 20x from one fix
-SPEED, CORRECTNESS = "speed", "correctness"
+SPEED, CORRECTNESS, LATENT = "speed", "correctness", "latent"
 
 
 def gain(step_ms: float, removed_ms: float) -> float:
@@ -35,7 +36,7 @@ def pct(part: float, whole: float) -> str:
 class Recommendation:
     cause: str  # a stable name: "python-in-map", "no-prefetch", ...
     title: str
-    kind: str  # SPEED, or CORRECTNESS: it changes what is learned
+    kind: str  # SPEED; CORRECTNESS: it changes what is learned; LATENT: costs little at this step time
     score: float  # percent of step time the fix removes
     removes_ms: float
     estimated_gain: float
@@ -43,6 +44,7 @@ class Recommendation:
     fix: str  # plain tf.data / Keras first, then this template's knob
     caveat: str | None = None  # what the estimate assumes, what the trace cannot tell
     stage: str | None = None  # the tf.data stage it names ("Iterator::Root::MapAndBatch"), None for step causes
+    if_faster: str | None = None  # LATENT: what it would cost where the step is faster
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

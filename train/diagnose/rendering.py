@@ -136,6 +136,20 @@ def _recommendations(recommendations: list[Recommendation]) -> list[str]:
     return lines
 
 
+def _latent(notes: list[Recommendation]) -> list[str]:
+    """Structural defects of a run that does not wait for input: not ranked, said with what they would cost."""
+    if not notes:
+        return []
+    lines = ["  not costing this run, but in its pipeline (they would cost where the step is faster):"]
+    for rec in notes:
+        lines.append(f"  - {rec.title} [{rec.cause}, latent]")
+        lines.append(f"     evidence: {rec.evidence}.")
+        lines.append(f"     {rec.if_faster}")
+        lines.append(f"     fix: {rec.fix}")
+        lines.append(f"     note: {rec.caveat}")
+    return lines
+
+
 def _run(item: dict) -> list[str]:
     if item["verdict"] == "unreadable":
         return [f"  {item['error']}"]
@@ -158,6 +172,7 @@ def _run(item: dict) -> list[str]:
     if profile["has_step_markers"] and profile["conclusion"]:
         lines.append(f"  xprof: {profile['conclusion']}")
     lines += _recommendations([Recommendation.from_dict(r) for r in item["recommendations"]])
+    lines += _latent([Recommendation.from_dict(r) for r in item.get("latent", ())])
     lines += [f"  {note}" for note in item["notes"]]
     if item["how_to_capture"]:
         lines.append(f"  {item['how_to_capture']}")

@@ -22,7 +22,7 @@ import yaml
 from train.core.errors import UserError
 from train.diagnose import analysis
 from train.diagnose.device import DeviceView, run_record, view
-from train.diagnose.recommend import recommendations
+from train.diagnose.recommend import latent, recommendations
 from train.diagnose.verdict import verdict
 
 HOW_TO_CAPTURE = (
@@ -79,16 +79,18 @@ def diagnose(logdir: str | Path) -> dict:
         try:
             profile = analysis.analyze_session(session)
         except analysis.ProfileError as error:
-            runs[run] = {"verdict": "unreadable", "error": str(error), "recommendations": []}
+            runs[run] = {"verdict": "unreadable", "error": str(error), "recommendations": [], "latent": []}
             continue
         wait = profile["input_pipeline"]
         device = view(profile, run_record(session))
+        ranked = recommendations(profile, _run_config(session), device)
         runs[run] = {
             "verdict": verdict(profile, device),
             "steps_inferred": profile["steps_inferred"],
             "profile": profile,
             "device": device.to_dict(),
-            "recommendations": [r.to_dict() for r in recommendations(profile, _run_config(session), device)],
+            "recommendations": [r.to_dict() for r in ranked],
+            "latent": [r.to_dict() for r in latent(profile, ranked, device)],
             "how_to_capture": None if profile["has_step_markers"] else HOW_TO_CAPTURE,
             "unmeasured": None if profile["input_bound_percent"] is not None else wait.get("reason"),
             "notes": notes(profile, device),

@@ -1,9 +1,11 @@
-"""Structural fixes the pipeline tree shows, listed when a run is input-bound even where another cause ranks first.
+"""Structural fixes the pipeline tree shows, listed whatever ranks first and whether or not the run waits for input.
 
 The ranked causes follow the wait: the stage the step waited on most names the cause, and a fix
-estimated below 5 % is left out. A user reading the tree still sees every defect in it, so when
-the run is input-bound each of these is listed too, with its estimated gain, unless a
-recommendation already makes that fix for that stage:
+estimated below 5 % is left out. A user reading the tree still sees every defect in it, so each
+of these is listed too, unless a recommendation already makes that fix for that stage: after the
+ranked causes, with its estimated gain, when the run is input-bound; else as a latent note
+(latent_fixes) that says what it costs here and what it would cost where the step is faster,
+from the time this profile's pipeline needs per batch:
 
 - nothing running ahead of the model at its root (no prefetch);
 - a map written without num_parallel_calls;
@@ -15,6 +17,8 @@ from the wait charged to the stage it names.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from train.diagnose import input_wait as iw
 from train.diagnose import stages as st
@@ -28,7 +32,7 @@ from train.diagnose.input_causes import (
     sequential_file_reads,
     sequential_map,
 )
-from train.diagnose.recommendation import Causes, Recommendation
+from train.diagnose.recommendation import LATENT, Causes, Recommendation, ms, pct
 from train.diagnose.stalls import working_step
 
 COVERS = {  # a structural fix -> the recommendations that already make it for the same stage
@@ -113,4 +117,71 @@ def running_ahead_at_root(p: Pipeline) -> None:
         "buffer does not make it faster; it absorbs uneven production (shuffle refills, file opens, pauses), which "
         "averages over steps cannot show.",
         stage=top["path"],
+    )
+
+
+def production(wait: dict) -> tuple[float, str]:
+    """The wall time the pipeline needs per batch by itself, and what sets it: the input wait where batches are made
+    while the model waits, else the busiest stage's own time per step (its function calls, or its file reads)."""
+    busiest, most = None, 0.0
+    for s in wait["stages"]:
+        own = s["functions"]["wall_ms"] if s["functions"] else (s["busy_ms"] if s["kind"] in iw.READERS else 0.0)
+        if not s["pass_through"] and own > most:
+            busiest, most = s, own
+    if wait["input_ms"] >= most or busiest is None:
+        return wait["input_ms"], "the batches are made while the model waits"
+    return most, f"{st.name(busiest)} is busy that long per batch"
+
+
+def latent_fixes(wait: dict, cpu_only: bool, listed: list[Recommendation]) -> list[Recommendation]:
+    """The structural fixes of a run that is not input-bound: what each costs here, and where the step is faster."""
+    found = structural_fixes(wait, cpu_only, listed)
+    if not found:
+        return []
+    step = working_step(wait)
+    rest, (made, sets) = max(step - wait["input_ms"], 0.0), production(wait)
+    stages = {s["path"]: s for s in wait["stages"]}
+    cores = wait.get("cpu_budget") or 2
+    if cpu_only:  # the pipeline ran on the cores the model used: its time per batch is stretched by the model's
+        when = (
+            f"in this profile it took {ms(made)} per batch ({sets}) on cores it shared with the model, so alone it "
+            "needs less and this profile cannot tell how much; on a device whose step is shorter than that time"
+        )
+    else:
+        faster = f"{rest / made:.1f}x" if made > 0 else "many times"
+        when = (
+            f"this pipeline needs {ms(made)} per batch ({sets}) and the rest of the step takes {ms(rest)} here; on a "
+            f"device {faster} as fast as this one or faster"
+        )
+    latent = []
+    for rec in found:
+        cost = _would_cost(rec, stages.get(rec.stage), made, cores)
+        here = (
+            f"Not ranked: it costs {ms(rec.removes_ms)} per step here ({pct(rec.removes_ms, step)} of the step), "
+            "where the model's step outlasts the pipeline's production."
+        )
+        where = f"Where the step is faster: {when}, the model would wait for input, and {cost}."
+        latent.append(dataclasses.replace(rec, kind=LATENT, caveat=here, if_faster=where))
+    return latent
+
+
+def _would_cost(rec: Recommendation, stage: dict | None, made: float, cores: int) -> str:
+    if rec.cause == "no-prefetch" and stage is not None and stage["async"]:
+        return (
+            f"{st.name(stage)} runs ahead by its own parallel calls only: a prefetch keeps producing while batches "
+            "wait in its buffer, which absorbs uneven production (shuffle refills, file opens, pauses)"
+        )
+    if rec.cause == "no-prefetch":
+        return (
+            f"with nothing running ahead, each batch's {ms(made)} would come on top of the step; a prefetch overlaps "
+            "the two (up to 2x where they take equal time)"
+        )
+    own = 0.0
+    if stage is not None:
+        own = stage["functions"]["wall_ms"] if stage["functions"] else stage["busy_ms"]
+    if rec.cause == "decode-every-epoch":
+        return f"{st.name(stage)} takes {ms(own)} per batch in every epoch: a cache after it keeps only the first's"
+    return (
+        f"{st.name(stage) if stage else 'this stage'} takes {ms(own)} per batch one call at a time: spread over "
+        f"{cores} cores it would take about {ms(own / cores)}"
     )
