@@ -28,15 +28,19 @@ WORKDIR /workspace/template
 # old `pynvml` package (11.4), whose pynvml.py has no GPM functions and shadows nvidia-ml-py's
 # module of the same name: nvidia-ml-py is reinstalled on top so SM activity can be read (the
 # newer binding keeps the old API that the image's own tools use). Code changes below
-# this layer do not reinstall anything (the package's own __init__.py is all an editable
-# install needs; the rest of train/ arrives with the code below).
+# this layer do not reinstall anything (each package's own __init__.py is all an editable
+# install needs; the rest of train/, data/ and doctor/ arrives with the code below). The
+# doctor (doctor/) is installed first: the template depends on it.
 COPY pyproject.toml README.md constraints.txt constraints-container.txt ./
 COPY train/__init__.py train/
+COPY data/__init__.py data/
+COPY doctor/pyproject.toml doctor/README.md doctor/
+COPY doctor/step_doctor/__init__.py doctor/step_doctor/
 RUN python -m pip freeze | grep -iE '^(tensorflow|tf[-_]keras|tensorboard)[a-z_-]*==' > /tmp/keep-base.txt; \
     awk -F'==' '{ name = tolower($1); gsub(/[-_.]+/, "-", name) } \
         NR == FNR { keep[name]; next } /^[^#]/ && !(name in keep)' \
         /tmp/keep-base.txt "${CONSTRAINTS}" > /tmp/constraints.txt && \
-    python -m pip install -c /tmp/keep-base.txt -c /tmp/constraints.txt -e . && \
+    python -m pip install -c /tmp/keep-base.txt -c /tmp/constraints.txt -e "./doctor[bench]" -e . && \
     python -m pip install --no-deps --force-reinstall -c /tmp/constraints.txt nvidia-ml-py && \
     python -c "import tensorflow as tf, keras, tensorflow_datasets, pynvml; print('TensorFlow', tf.__version__, 'Keras', keras.__version__, 'GPM', hasattr(pynvml, 'nvmlGpmSampleGet'))"
 

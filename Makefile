@@ -42,10 +42,10 @@ help: ## Show the targets and what they do
 setup: $(STAMP) ## Create .venv and install the project with the pinned versions (constraints.txt; constraints-gpu.txt with a GPU)
 
 ifndef TEMPLATE_IN_CONTAINER
-$(STAMP): pyproject.toml $(SETUP_CONSTRAINTS)
+$(STAMP): pyproject.toml doctor/pyproject.toml $(SETUP_CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -c $(SETUP_CONSTRAINTS) -e ".[$(TF_EXTRA),dev]"
+	$(PY) -m pip install -c $(SETUP_CONSTRAINTS) -e "./doctor[bench,test]" -e ".[$(TF_EXTRA),dev]"
 	@touch $@
 endif
 
@@ -86,22 +86,26 @@ tune: data ## Search the speed knobs for your data and machine (ARGS="--minutes 
 	$(PY) -m train tune --scenario $(SCENARIO) $(ARGS)
 
 diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (LOGDIR=runs/compare)
-	$(PY) -m train diagnose $(or $(LOGDIR),runs/compare) $(ARGS)
+	$(PY) -m step_doctor diagnose $(or $(LOGDIR),runs/compare) $(ARGS)
 
 bench-diagnose: setup ## Wall time and peak RSS of diagnose against profile size, 1 MB to 1 GB -> runs/bench-diagnose/bench.{json,png}
-	$(PY) -m train bench-diagnose $(ARGS)
+	$(PY) -m step_doctor bench-diagnose $(ARGS)
 
 tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (LOGDIR=, PORT=)
 	$(PY) -m train tensorboard --logdir $(or $(LOGDIR),runs) --port $(PORT) $(ARGS)
 
-test: setup ## Run the test suite CI runs: fast and slow tests (CPU, tiny generated data, under 10 minutes on 2 cores)
-	$(PY) -m pytest -m "not long" $(ARGS)
+# Each product tests itself: the template's tests (tests/), then the doctor's (doctor/tests/, run from doctor/).
+# ARGS go to both pytest runs (e.g. ARGS="-x -k corpus").
+TEST_BOTH = $(PY) -m pytest -m "$(1)" $(ARGS) && cd doctor && $(abspath $(PY)) -m pytest -m "$(1)" $(ARGS)
+
+test: setup ## Run the test suite CI runs: fast and slow tests of the template and the doctor (CPU, under 10 minutes on 2 cores)
+	$(call TEST_BOTH,not long)
 
 test-fast: setup ## Run the tests not marked slow or long (under 90 seconds), for the edit-test loop
-	$(PY) -m pytest -m "not slow and not long" $(ARGS)
+	$(call TEST_BOTH,not slow and not long)
 
 test-long: setup ## Run the tests marked long: the benchmark harness end to end, the whole profile corpus (15 minutes)
-	$(PY) -m pytest -m long $(ARGS)
+	$(call TEST_BOTH,long)
 
 # The container-stack check: the project on the TensorFlow that the Docker image's base ships
 # (2.17, see constraints-container.txt), on CPU, in its own venv with the image's Python (3.12)
@@ -113,14 +117,15 @@ CONTAINER_PYTHON ?= $(firstword $(foreach p,python3.12 $(wildcard $(shell pyenv 
 
 test-container-stack: $(CONTAINER_VENV)/.installed ## Run the fast tests on the Docker image's stack (TensorFlow 2.17, Python 3.12) in .venv-container
 	$(CONTAINER_VENV)/bin/python -m pytest -m "not slow and not long" $(ARGS)
+	cd doctor && $(abspath $(CONTAINER_VENV))/bin/python -m pytest -m "not slow and not long" $(ARGS)
 
-$(CONTAINER_VENV)/.installed: pyproject.toml constraints-container.txt
+$(CONTAINER_VENV)/.installed: pyproject.toml doctor/pyproject.toml constraints-container.txt
 	rm -rf $(CONTAINER_VENV)
 	$(CONTAINER_PYTHON) -m venv $(CONTAINER_VENV)
 	$(CONTAINER_VENV)/bin/python -m pip install --upgrade pip
 	$(CONTAINER_VENV)/bin/python -m pip install -c constraints-container.txt tensorflow-cpu tensorboard
 	$(CONTAINER_VENV)/bin/python -m pip freeze | grep -iE '^(tensorflow|tf[-_]keras|tensorboard)[a-z_-]*==' > $(CONTAINER_VENV)/keep-base.txt
-	$(CONTAINER_VENV)/bin/python -m pip install -c $(CONTAINER_VENV)/keep-base.txt -c constraints-container.txt -e ".[dev]"
+	$(CONTAINER_VENV)/bin/python -m pip install -c $(CONTAINER_VENV)/keep-base.txt -c constraints-container.txt -e "./doctor[bench,test]" -e ".[dev]"
 	@touch $@
 
 lint: setup ## Lint the code (ruff) and the Dockerfile (hadolint), validate docker-compose.yml (Compose v2) and the Kubernetes manifests, offline
@@ -165,7 +170,7 @@ clean: ## Remove runs/ and the built datasets (keeps .venv)
 
 # Profile your own training script, unchanged (README, "Profile your own script"): SCRIPT="my_train.py ARGS"
 # runs as `python my_train.py ARGS` with the capture injected, then diagnose reads what it captured.
-# ARGS go to `python -m train profile` (--logdir, --steps A-B, --seconds S, --json).
+# ARGS go to `step-doctor profile` (--logdir, --steps A-B, --seconds S, --json).
 SCRIPT ?=
 NEED_SCRIPT = @test -n "$(SCRIPT)" || { echo 'error: name the script and its arguments, e.g. make profile SCRIPT="my_train.py --epochs 3"' >&2; exit 2; }
 
@@ -173,12 +178,12 @@ NEED_SCRIPT = @test -n "$(SCRIPT)" || { echo 'error: name the script and its arg
 
 profile: setup ## Profile your own training script, unchanged, and diagnose it (SCRIPT="my_train.py ARGS")
 	$(NEED_SCRIPT)
-	$(PY) -m train profile $(ARGS) -- $(PY) $(SCRIPT)
+	$(PY) -m step_doctor profile $(ARGS) -- $(PY) $(SCRIPT)
 
 bench-profile: setup ## What profile costs a run outside its capture window: a corpus script with and without it
-	$(PY) -m train bench-profile $(ARGS)
+	$(PY) -m step_doctor bench-profile $(ARGS)
 
 docker-profile: ## Profile SCRIPT in Docker with GPU traces (root + CAP_SYS_ADMIN; files handed back to you)
 	$(NEED_DOCKER)
 	$(NEED_SCRIPT)
-	docker compose run --rm profile python -m train profile --chown $(HOST_UID):$(HOST_GID) $(ARGS) -- python $(SCRIPT)
+	docker compose run --rm profile step-doctor profile --chown $(HOST_UID):$(HOST_GID) $(ARGS) -- python $(SCRIPT)

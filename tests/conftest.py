@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from step_doctor import testing
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,16 +155,4 @@ def stop_after_first_epoch(command: list[str], run_dir: Path, signum: int = sign
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu` tests where no NVIDIA driver answers."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        return
-    except Exception:  # no library or no driver: exactly the case to skip
-        pass
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with a working driver (NVML)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    testing.skip_gpu_tests_without_a_driver(items)

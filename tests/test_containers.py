@@ -23,6 +23,15 @@ def cli_commands() -> set[str]:
     return cli.command_names()
 
 
+def doctor_commands() -> set[str]:
+    import argparse
+
+    from step_doctor import cli
+
+    actions = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(actions[0].choices)
+
+
 def test_hadolint_finds_nothing():
     assert lint.hadolint(ROOT / "Dockerfile") == []
 
@@ -71,6 +80,8 @@ def test_services_use_gpus_shared_volumes_and_existing_commands():
             command = command[2].removeprefix("exec ").split()
         if command[0] == "make":
             assert command[1] in targets, f"{name}: make target {command[1]} does not exist"
+        elif command[0] == "step-doctor":
+            assert command[1] in doctor_commands(), name
         else:
             assert command[:3] == ["python", "-m", "train"] and command[3] in commands, name
     gpu_services = [name for name, s in services.items() if s.get("deploy")]
@@ -124,13 +135,13 @@ def test_dockerfile_installs_the_same_spec_as_make_setup_and_keeps_the_base_tens
     installs = re.findall(r"pip install ([^&\n]+)", dockerfile)
     # the project's own spec, TF pinned, the rest at the tested versions
     assert installs == [
-        "-c /tmp/keep-base.txt -c /tmp/constraints.txt -e . ",
+        '-c /tmp/keep-base.txt -c /tmp/constraints.txt -e "./doctor[bench]" -e . ',
         # the binding with GPM over the image's old pynvml package, at the tested version, nothing else
         "--no-deps --force-reinstall -c /tmp/constraints.txt nvidia-ml-py ",
     ], installs
     assert "freeze" in dockerfile and "tensorflow" in dockerfile.split("keep-base.txt")[0]
     assert "ARG CONSTRAINTS=constraints-container.txt" in dockerfile
-    assert 'pip install -c $(SETUP_CONSTRAINTS) -e ".[$(TF_EXTRA),dev]"' in makefile
+    assert 'pip install -c $(SETUP_CONSTRAINTS) -e "./doctor[bench,test]" -e ".[$(TF_EXTRA),dev]"' in makefile
     assert "$(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)" in makefile
     assert re.search(r"^USER \d+", dockerfile, re.M), "the image runs as a non-root user"
     ignored = (ROOT / ".dockerignore").read_text().split()
@@ -172,3 +183,18 @@ def test_the_base_images_own_packages_win_over_the_constraints(tmp_path):
         check=True,
     )
     assert result.stdout.split() == ["keras==3.15.1", "tensorflow-cpu==2.17.0"]
+
+
+def test_the_compose_profiling_service_can_trace_the_gpu_and_hands_files_back():
+    """Root with SYS_ADMIN for this one service (CUPTI on a default driver), --chown to the host user."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    service = services["profile"]
+    assert service["user"] == "0:0" and service["cap_add"] == ["SYS_ADMIN"]
+    assert service["command"][:4] == ["step-doctor", "profile", "--chown", "${HOST_UID:-1000}:${HOST_GID:-1000}"]
+    assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert (
+        "${PROFILE_DIR:-.}:/workspace/project" in service["volumes"] and service["working_dir"] == "/workspace/project"
+    )
+    assert all("cap_add" not in s and s.get("user") != "0:0" for name, s in services.items() if name != "profile")
+    recipe = (ROOT / "Makefile").read_text().split("\ndocker-profile:")[1].split("\n\n")[0]
+    assert "docker compose run --rm profile step-doctor profile --chown $(HOST_UID):$(HOST_GID)" in recipe

@@ -1,5 +1,6 @@
-"""The package as a forker and an installer meet it: a regular package without import cycles,
-every imported distribution declared, and the console script working outside the repository."""
+"""The packages as a forker and an installer meet them (the template, train/ with data/, and the doctor,
+doctor/step_doctor/): regular packages without import cycles, every imported distribution declared in each
+one's own pyproject.toml, and the console scripts working outside the repository."""
 
 from __future__ import annotations
 
@@ -12,16 +13,23 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
+from step_doctor.callbacks import StepTraceProfiler
 from tests.conftest import ROOT, data_sets, set_args
-from train.measure.profiling import StepTraceProfiler
 
 PACKAGE = ROOT / "train"
+DOCTOR = ROOT / "doctor"
+# package folder, the pyproject.toml that declares its distributions, its own top-level names, its other folders
+PACKAGES = {
+    "template": (PACKAGE, ROOT, {"train", "data"}, [ROOT / "data"]),
+    "doctor": (DOCTOR / "step_doctor", DOCTOR, {"step_doctor"}, []),
+}
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -36,18 +44,22 @@ def _imports(path: Path) -> list[tuple[str, str | None]]:
     return found
 
 
-def test_every_folder_of_the_package_is_a_regular_package():
-    folders = {path.parent for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+@pytest.mark.parametrize("which", PACKAGES)
+def test_every_folder_of_the_package_is_a_regular_package(which):
+    package = PACKAGES[which][0]
+    folders = {path.parent for path in package.rglob("*.py") if "__pycache__" not in path.parts}
     assert all((folder / "__init__.py").is_file() for folder in folders), folders
 
 
-def test_no_module_imports_one_that_imports_it_back():
-    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+@pytest.mark.parametrize("which", PACKAGES)
+def test_no_module_imports_one_that_imports_it_back(which):
+    package = PACKAGES[which][0]
+    modules = {_module_name(path, package): path for path in package.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         targets = set()
         for module, imported in _imports(path):
-            if module.startswith("train"):
+            if module.startswith(package.name):
                 full = f"{module}.{imported}" if imported else module
                 targets.add(full if full in modules else module)
         graph[name] = targets - {name}
@@ -67,26 +79,33 @@ def test_no_module_imports_one_that_imports_it_back():
     assert not cycles, cycles
 
 
-def test_every_imported_distribution_is_declared():
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+@pytest.mark.parametrize("which", PACKAGES)
+def test_every_imported_distribution_is_declared(which):
+    package, project, own, others = PACKAGES[which]
+    own = set(own)
+    declared = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     names = declared["dependencies"] + [dep for extra in declared["optional-dependencies"].values() for dep in extra]
     wanted = {
         dep.split(";")[0].split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower() for dep in names
     }
-    wanted = {name.replace("_", "-") for name in wanted} | {"tensorflow"}  # tensorflow comes from an extra
+    wanted = {name.replace("_", "-") for name in wanted}
+    if which == "template":
+        wanted |= {"tensorflow"}  # from an extra; the doctor's only TensorFlow imports are its Keras callbacks'
+    else:
+        own |= {"tensorflow", "keras"}  # callbacks.py: the script's own TensorFlow, never a dependency
     providers = importlib.metadata.packages_distributions()
     stdlib = set(sys.stdlib_module_names)
     missing = {}
-    for path in list(PACKAGE.rglob("*.py")) + list((ROOT / "data").rglob("*.py")):
+    for path in [p for folder in (package, *others) for p in folder.rglob("*.py")]:
         for module, _ in _imports(path):
             top = module.split(".")[0]
-            if top in stdlib or top in ("train", "data", "__future__"):
+            if top in stdlib or top in own or top == "__future__":
                 continue
             dists = {d.lower().replace("_", "-") for d in providers.get(top, [])}
             dists = {"tensorflow" if d.startswith("tensorflow-cpu") else d for d in dists}
             if not dists & wanted:
                 missing.setdefault(top, set()).add(str(path.relative_to(ROOT)))
-    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+    assert not missing, f"imported but not declared in {project / 'pyproject.toml'}: {missing}"
 
 
 def _console_script() -> Path:
@@ -121,6 +140,7 @@ def test_the_console_script_runs_outside_the_repository(tmp_path, tiny_data_dir)
     model.fit(
         data, steps_per_epoch=10, epochs=1, verbose=0, callbacks=[StepTraceProfiler(logdir, start_step=1, num_steps=5)]
     )
-    run = subprocess.run([script, "diagnose", str(logdir)], cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    doctor = Path(sys.executable).parent / "step-doctor"
+    run = subprocess.run([doctor, "diagnose", str(logdir)], cwd=elsewhere, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "verdict" in run.stdout.lower()

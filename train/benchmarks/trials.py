@@ -18,11 +18,11 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from step_doctor.diagnose import analysis
 from train import scenario as scenario_lib
 from train import sources
 from train.benchmarks import stats
 from train.config import Config
-from train.diagnose import analysis
 from train.input import pipeline
 from train.shards.spec import DatasetSpec
 from train.training import devices, plan, setup

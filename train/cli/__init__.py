@@ -1,8 +1,9 @@
 """Command line: `python -m train <command> ...` or `gpu-template <command> ...` (--help lists them).
 
+The doctor's commands (diagnose, profile, bench-profile, bench-diagnose) are its own: `step-doctor --help`.
+
 runs.py         data, fit, tensorboard, data-service, launch, k8s, lint
-benchmarks.py   compare, bench, bench-check, ladder, sweep-batch, tune, bench-diagnose
-analysis.py     diagnose, profile, bench-profile
+benchmarks.py   compare, bench, bench-check, ladder, sweep-batch, tune
 arguments.py    the arguments several commands share (a config, a scenario, trials)
 """
 
@@ -12,7 +13,7 @@ import argparse
 import os
 import sys
 
-from train.cli import analysis, benchmarks, runs
+from train.cli import benchmarks, runs
 from train.core.errors import RunFailed, Stopped, UserError
 
 
@@ -22,7 +23,6 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runs.add_training_parsers(commands)
     benchmarks.add_parsers(commands)
-    analysis.add_parsers(commands)
     runs.add_service_parsers(commands)
     return parser
 

@@ -1,4 +1,4 @@
-"""The benchmark commands: compare, bench, bench-check, ladder, sweep-batch, tune, bench-diagnose.
+"""The benchmark commands: compare, bench, bench-check, ladder, sweep-batch, tune.
 
 Their defaults and typed options live in train/benchmarks/options.py; this module only turns arguments into them.
 """
@@ -89,12 +89,6 @@ def cmd_tune(args) -> int:
 
 def cmd_sweep(args) -> int:
     return _benchmark("sweep", args)
-
-
-def cmd_bench_diagnose(args) -> int:
-    from train.benchmarks import bench_diagnose  # its arguments as given: it never trains, so no typed options
-
-    return bench_diagnose.main(args)
 
 
 def _add_benchmark_commands(commands) -> None:
@@ -198,42 +192,6 @@ def _add_tune_command(commands) -> None:
     tune.set_defaults(func=cmd_tune)
 
 
-def _add_bench_diagnose_command(commands) -> None:
-    bench_diagnose = commands.add_parser(
-        "bench-diagnose", help="wall time and peak memory of diagnose against profile size (captures up to 1 GB)"
-    )
-    bench_diagnose.add_argument("--out", default="runs/bench-diagnose", help="output folder (default: %(default)s)")
-    bench_diagnose.add_argument(
-        "--sizes",
-        type=float,
-        nargs="*",
-        default=[1, 10, 100, 1000],
-        metavar="MB",
-        help="sizes of the GPU-shaped profiles (default: %(default)s)",
-    )
-    bench_diagnose.add_argument(
-        "--captures",
-        type=int,
-        nargs="*",
-        default=[12, 120, 600],
-        metavar="STEPS",
-        help="real captures measured too, in steps (default: %(default)s)",
-    )
-    bench_diagnose.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
-    bench_diagnose.add_argument(
-        "--max-mb", type=float, default=float("inf"), help="leave out profiles larger than this (default: none)"
-    )
-    bench_diagnose.add_argument(
-        "--code", help="measure the diagnose of this checkout instead (e.g. a worktree of main at an older commit)"
-    )
-    bench_diagnose.add_argument("--name", help="file name of the results (default: bench, or bench-<code folder>)")
-    bench_diagnose.add_argument(
-        "--timeout", type=float, default=900.0, help="seconds one diagnose may take (default: %(default)s)"
-    )
-    bench_diagnose.set_defaults(func=cmd_bench_diagnose)
-
-
 def add_parsers(commands) -> None:
     _add_benchmark_commands(commands)
     _add_tune_command(commands)
-    _add_bench_diagnose_command(commands)

@@ -5,12 +5,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+# The doctor's: the template's commands and the doctor's raise and catch the same classes.
+from step_doctor.errors import Stopped, UserError
 
-class UserError(Exception):
-    """A problem the user can fix: the message names the file, key or value and the fix.
-
-    The CLI prints it as one paragraph and exits with status 2, without a traceback.
-    """
+__all__ = ["RunFailed", "Stopped", "UserError", "did_you_mean"]
 
 
 class RunFailed(Exception):
@@ -19,18 +17,6 @@ class RunFailed(Exception):
     The CLI prints it as one paragraph and exits with status 3, like the stall watchdog:
     what was checkpointed is kept, and rerunning the same command resumes.
     """
-
-
-class Stopped(Exception):
-    """A run stopped on request (SIGTERM, Ctrl-C) after saving a checkpoint to resume from.
-
-    The CLI prints it as one line and exits with `status`: 128 + the signal's number
-    (143 for SIGTERM, 130 for SIGINT), as a process killed by that signal would.
-    """
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -9,9 +9,12 @@ file of the project is written the same way. Nothing here imports TensorFlow at 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
+
+from step_doctor.files import atomic_write, write_json, write_text
+
+__all__ = ["PROJECT_ROOT", "atomic_write", "project_file", "scalar_writer", "write_json", "write_scalars", "write_text"]
 
 # The checkout (or the editable install) this package lives in: configs/ and data/ are there.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -27,27 +30,6 @@ def project_file(path: str | Path) -> Path:
         return path
     shipped = PROJECT_ROOT / path
     return shipped if shipped.exists() else path
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp)` on a temporary sibling of `path` (same suffix), then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        tmp.replace(path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
-
-
-def write_json(path: Path, payload: dict) -> None:
-    write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def scalar_writer(logdir: Path, suffix: str | None = None):

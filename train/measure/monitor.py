@@ -11,7 +11,7 @@ from pathlib import Path
 
 import keras
 
-from train.measure.sampler import GPM_KEYS, GPM_METRICS, GPU_KEYS, GpmReader, Sampler, SampleWriter
+from step_doctor.sampler import GPM_KEYS, GPM_METRICS, GPU_KEYS, GpmReader, Sampler, SampleWriter
 
 __all__ = ["GPM_KEYS", "GPM_METRICS", "GPU_KEYS", "GpmReader", "MonitorCallback", "Sampler"]
 

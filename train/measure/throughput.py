@@ -12,8 +12,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from step_doctor.callbacks import StepCallback
 from train.core import files
-from train.core.steps import StepCallback
 
 
 class StepTimer(StepCallback):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import keras
 
-from train.core.steps import StepCallback
+from step_doctor.callbacks import StepCallback
 
 STATE = "state.json"
 WEIGHTS = "state.weights.h5"

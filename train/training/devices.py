@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 
 import tensorflow as tf
 
+from step_doctor.machine import cpu_bf16, cpu_model
 from train.core.errors import UserError
 
 
@@ -45,11 +45,8 @@ def detect() -> Devices:
         gpus=tuple(gpus),
         compute_capabilities=tuple(capabilities),
         cpu_cores=cores,
-        cpu_bf16=bool(cpu_flags() & BF16_FLAGS),
+        cpu_bf16=cpu_bf16(),
     )
-
-
-BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
 def split_cpu(replicas: int) -> None:
@@ -70,27 +67,3 @@ def split_cpu(replicas: int) -> None:
             "device(s) and cannot split the CPU any more. Set train.cpu_replicas in the run's own config "
             "(each run of `make compare` gets its own process), or mirror over GPUs."
         ) from None
-
-
-def cpu_model() -> str:
-    """The processor's name (Linux /proc/cpuinfo), else what the platform module knows."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()

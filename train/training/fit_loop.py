@@ -12,11 +12,11 @@ import time
 import keras
 import tensorflow as tf
 
+from step_doctor.callbacks import StepTraceProfiler
 from train.config import Config
 from train.core import files
 from train.core.errors import Stopped
 from train.measure.monitor import MonitorCallback, Sampler
-from train.measure.profiling import StepTraceProfiler
 from train.measure.throughput import StepTimer
 from train.training import checkpoint, compiled_model, guards, plan, run_summary
 from train.training import setup as setup_lib

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import keras
 
+from step_doctor.callbacks import StepCallback
 from train.core import outputs
 from train.core.errors import Stopped, UserError
-from train.core.steps import StepCallback
 from train.training import plan
 
 

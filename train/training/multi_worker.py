@@ -37,11 +37,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from step_doctor.callbacks import StepTraceProfiler
 from train import models
 from train.core import files
 from train.core.errors import RunFailed, Stopped, UserError
 from train.measure.monitor import MonitorCallback, Sampler
-from train.measure.profiling import StepTraceProfiler
 from train.measure.throughput import StepTimer
 from train.training import checkpoint, cluster, guards
 from train.training import setup as setup_lib

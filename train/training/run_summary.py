@@ -117,7 +117,7 @@ def weights_fingerprint(model: keras.Model) -> str:
 
 def _profile_figures(run_dir: Path) -> dict:
     """The profiler's view of the run: input-bound share, device busy share, slow stages."""
-    from train.diagnose import analysis
+    from step_doctor.diagnose import analysis
 
     try:
         profile = analysis.analyze_run(run_dir)

@@ -1,0 +1,162 @@
+"""Command line: `step-doctor <command> ...` or `python -m step_doctor <command> ...` (--help lists them).
+
+diagnose        verdict and ranked fixes for any TensorBoard log folder with a profile (no TensorFlow needed)
+profile         run your own training script with the capture injected, unchanged, then diagnose it
+bench-profile   what profile costs a run outside its capture window
+bench-diagnose  what diagnose costs against the size of the profile, up to 1 GB
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from step_doctor.errors import Stopped, UserError
+
+
+def cmd_diagnose(args) -> int:
+    from step_doctor import diagnose
+
+    return diagnose.main(
+        args.logdir,
+        as_json=args.json,
+        fail_if_input_bound=args.fail_if_input_bound,
+        allow_unmeasured=args.allow_unmeasured,
+    )
+
+
+def cmd_profile(args) -> int:
+    from step_doctor.profile import command
+
+    return command.main(args)
+
+
+def cmd_bench_profile(args) -> int:
+    from step_doctor.profile import bench
+
+    return bench.main(args)
+
+
+def cmd_bench_diagnose(args) -> int:
+    from step_doctor.scale import bench_diagnose
+
+    return bench_diagnose.main(args)
+
+
+def _add_diagnose_command(commands) -> None:
+    diagnose = commands.add_parser("diagnose", help="verdict and recommendations for any log folder with a profile")
+    diagnose.add_argument("logdir", help="a TensorBoard log folder (searched recursively for plugins/profile)")
+    diagnose.add_argument("--json", action="store_true", help="print the result as JSON")
+    diagnose.add_argument(
+        "--fail-if-input-bound",
+        type=float,
+        metavar="PCT",
+        help="exit with status 3 when a run waits for input PCT%% of step time or more, and with status 4 when "
+        "a run's input share could not be measured (unreadable profile, no steps, no tf.data input)",
+    )
+    diagnose.add_argument(
+        "--allow-unmeasured",
+        action="store_true",
+        help="let runs whose input share could not be measured pass instead of exiting with status 4",
+    )
+    diagnose.set_defaults(func=cmd_diagnose)
+
+
+def _profile_parsers(commands) -> None:
+    profile = commands.add_parser(
+        "profile", help="run your own training script with the profiler injected (no code change), then diagnose it"
+    )
+    profile.add_argument("--logdir", help="the profile and utilization go here (default: runs/profile/<script>-<time>)")
+    window = profile.add_mutually_exclusive_group()
+    window.add_argument(
+        "--steps",
+        metavar="A-B",
+        help="capture steps A to B, counted from 0 (Keras fit steps, or a custom loop's step-function calls; "
+        "default: 5-16, right after the warm-up)",
+    )
+    window.add_argument(
+        "--seconds", type=float, help="a custom loop's capture length (default: 2 s, at least 12 and at most 50 steps)"
+    )
+    profile.add_argument("--json", action="store_true", help="print diagnose's JSON document plus the utilization")
+    profile.add_argument(
+        "--fail-if-input-bound", type=float, metavar="PCT", help="exit with status 3 above PCT%% input-bound"
+    )
+    profile.add_argument("--allow-unmeasured", action="store_true", help="as for diagnose")
+    profile.add_argument(
+        "--chown", metavar="UID:GID", help="hand the files written as root back to this user (the Docker service)"
+    )
+    profile.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND")
+    profile.set_defaults(func=cmd_profile)
+
+    bench = commands.add_parser(
+        "bench-profile", help="what profile costs: a corpus script with and without it, interleaved trials"
+    )
+    bench.add_argument("--trials", type=int, default=7, help="pairs of trials, with and without (default: %(default)s)")
+    bench.add_argument("--case", default="tiny_batch", help="the corpus case (default: %(default)s)")
+    bench.add_argument("--steps", type=int, default=3000, help="training steps per trial (default: %(default)s)")
+    bench.add_argument("--out", default="runs/bench-profile", help="output folder (default: %(default)s)")
+    bench.set_defaults(func=cmd_bench_profile)
+
+
+def _add_bench_diagnose_command(commands) -> None:
+    bench_diagnose = commands.add_parser(
+        "bench-diagnose", help="wall time and peak memory of diagnose against profile size (captures up to 1 GB)"
+    )
+    bench_diagnose.add_argument("--out", default="runs/bench-diagnose", help="output folder (default: %(default)s)")
+    bench_diagnose.add_argument(
+        "--sizes",
+        type=float,
+        nargs="*",
+        default=[1, 10, 100, 1000],
+        metavar="MB",
+        help="sizes of the GPU-shaped profiles (default: %(default)s)",
+    )
+    bench_diagnose.add_argument(
+        "--captures",
+        type=int,
+        nargs="*",
+        default=[12, 120, 600],
+        metavar="STEPS",
+        help="real captures measured too, in steps (default: %(default)s)",
+    )
+    bench_diagnose.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    bench_diagnose.add_argument(
+        "--max-mb", type=float, default=float("inf"), help="leave out profiles larger than this (default: none)"
+    )
+    bench_diagnose.add_argument(
+        "--code", help="measure the diagnose of this checkout instead (e.g. a worktree of main at an older commit)"
+    )
+    bench_diagnose.add_argument("--name", help="file name of the results (default: bench, or bench-<code folder>)")
+    bench_diagnose.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds one diagnose may take (default: %(default)s)"
+    )
+    bench_diagnose.set_defaults(func=cmd_bench_diagnose)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    prog = "step-doctor" if os.path.basename(sys.argv[0]) == "step-doctor" else "python -m step_doctor"
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Why your GPU waits: profile a TensorFlow training script unchanged, or diagnose a profile.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_diagnose_command(commands)
+    _profile_parsers(commands)
+    _add_bench_diagnose_command(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Stopped as error:
+        print(error, file=sys.stderr)
+        return error.status
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

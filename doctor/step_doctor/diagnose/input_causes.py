@@ -1,0 +1,488 @@
+"""Input-pipeline causes read from one profile's input-wait analysis (diagnose/input_wait.py).
+
+One function per cause. The stage the step waits on decides which cause it is (a Python
+generator, files read one after another or slowly, Python inside a map, a map written without
+parallelism, per-example augmentation, decoding every epoch, a heavy map, a stage's own work);
+a shuffle buffer that refills, cache() after augmentation and nothing running ahead of the model
+are read from the whole tree. Fixes come first as plain tf.data (one line), then as this
+template's knob. Every estimate says what it assumes; where a host trace cannot tell two causes
+apart, the recommendation says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from step_doctor.diagnose import input_wait as iw
+from step_doctor.diagnose import stages as st
+from step_doctor.diagnose.recommendation import CORRECTNESS, Causes, gain, ms, pct
+from step_doctor.diagnose.stalls import left_out, working_step
+
+ASSUMED_CORES = 2  # where the profile does not record tf.data's cores (cpu_budget on its Root iterator)
+
+
+@dataclass
+class Pipeline:
+    """One profile's input wait, as every input cause reads it."""
+
+    wait: dict
+    cpu_only: bool
+    causes: Causes
+
+    @property
+    def stages(self) -> list[dict]:
+        return self.wait["stages"]
+
+    @property
+    def step(self) -> float:
+        return working_step(self.wait)
+
+    @property
+    def input_ms(self) -> float:
+        return self.wait["input_ms"] or 0.0
+
+    @property
+    def other_ms(self) -> float:
+        """The model's step and per-step overhead: what a prefetch could overlap."""
+        return max(self.step - self.input_ms, 0.0)
+
+    @property
+    def cores(self) -> int:
+        return self.wait.get("cpu_budget") or ASSUMED_CORES
+
+    @property
+    def cores_note(self) -> str:
+        if self.wait.get("cpu_budget"):
+            return f"the {self.cores} cores tf.data was given in this profile"
+        return self.cores_unknown
+
+    @property
+    def cores_words(self) -> str:
+        return f"{self.cores} cores" if self.wait.get("cpu_budget") else self.cores_unknown
+
+    @property
+    def cores_unknown(self) -> str:
+        return (
+            f"{ASSUMED_CORES} cores (cores unknown: this profile does not record how many cores tf.data had; "
+            f"{ASSUMED_CORES} is the fewest a parallel fix can use, a host with more gains more)"
+        )
+
+    @property
+    def waits(self) -> str:
+        stall = left_out(self.wait)
+        without = f", without its {ms(stall)} stall" if stall > 0 else ""
+        return (
+            f"{pct(self.input_ms, self.step)} of step time ({ms(self.input_ms)} of {ms(self.step)}{without}) waits "
+            "for input"
+        )
+
+
+@dataclass
+class Blame:
+    """The wait charged to one stage (with the stages grouped under it), and that stage's facts."""
+
+    unit: st.Unit
+    pipeline: Pipeline
+
+    @property
+    def head(self) -> dict:
+        return self.unit.head
+
+    @property
+    def ms(self) -> float:
+        return self.unit.blocking_ms
+
+    @property
+    def fn(self) -> dict | None:
+        return self.head["functions"]
+
+    @cached_property
+    def shares(self) -> dict:
+        return st.op_shares(self.fn)
+
+    @property
+    def concurrency(self) -> float:
+        return (self.fn or {}).get("concurrency") or 1.0
+
+    @property
+    def text(self) -> str:
+        step = self.pipeline.step
+        return f"{self.pipeline.waits}; {ms(self.ms)} of it ({pct(self.ms, step)} of the step) on {st.name(self.head)}"
+
+    @property
+    def parallelism(self):
+        return self.head["params"].get("parallelism")
+
+    @property
+    def ran(self) -> str:
+        return st.function_line(self.fn, self.parallelism)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.shares.get("augmentation", 0.0) == 0.0 and self.shares.get("python", 0.0) == 0.0
+
+    @property
+    def worked(self) -> float:
+        """The part of the wait the stage's own function work explains: its blame, at most that work's wall time."""
+        return min(self.ms, self.fn["wall_ms"]) if self.fn else self.ms
+
+    @property
+    def counted(self) -> str:
+        """What an estimate built on `worked` leaves out, said where the trace shows less work than wait."""
+        unseen = self.ms - self.worked
+        if unseen < 0.1 * self.ms:
+            return ""
+        return (
+            f" It counts the {ms(self.worked)} per step of the wait on this stage that its function's work explains; "
+            f"the other {ms(unseen)} shows no work of it in the trace (hand-offs between its threads, or threads "
+            "waiting for a core on a busy machine), which the fix may remove too."
+        )
+
+    @property
+    def spread_over_cores(self) -> float:
+        """What spreading this stage's work over the pipeline's cores would remove."""
+        return self.worked * max(1 - self.concurrency / self.pipeline.cores, 0.0)
+
+    def add(self, cause, title, removes_ms, evidence, fix, caveat=None) -> None:
+        self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head["path"])
+
+    @property
+    def cache_line(self) -> str:
+        element = st.element_bytes(self.head)
+        return (
+            "its ops are deterministic (no augmentation op ran), so `.cache()` right after it keeps its output and "
+            "removes it from every epoch after the first"
+            + (
+                f" ({element / 1e6:.2f} MB per element in memory; `.cache(filename)` writes to disk instead)"
+                if element
+                else ""
+            )
+        )
+
+
+def input_causes(wait: dict, cpu_only: bool, causes: Causes) -> None:
+    """Add the input pipeline's causes of one profile to `causes`."""
+    if not wait.get("measured"):
+        return
+    p = Pipeline(wait, cpu_only, causes)
+    for unit in st.units(p.stages):
+        blocking_stage(Blame(unit, p))
+    for s in p.stages:
+        if s["fill_ms"] > 0:
+            shuffle_buffer_refill(s, p)
+    cache_after_augmentation(p)
+    no_prefetch(p)
+
+
+def blocking_stage(b: Blame) -> None:
+    """The cause the stage that holds the step stands for."""
+    head, stages = b.head, b.pipeline.stages
+    if head["kind"] == "Generator":
+        return python_generator(b)
+    opens = st.is_opener(head)
+    inside = [o for o in stages if o is head or (opens and st.under(o["path"], head["path"]))]
+    readers = [o for o in inside if o["kind"] in iw.READERS]
+    if readers:
+        reader = max(readers, key=lambda o: o["busy_ms"])
+        parallel = head["kind"] in iw.ASYNC or reader["threads"] > 1
+        return slow_file_reads(b, reader) if parallel else sequential_file_reads(b, reader)
+    if head["kind"] not in iw.FUNCTION_STAGES or not b.fn:
+        return slow_stage(b)
+    if b.shares.get("python", 0.0) >= 0.5:
+        return python_in_map(b)
+    if st.written_sequential_map(head):
+        return sequential_map(b)
+    if b.shares.get("augmentation", 0.0) >= 0.4:
+        return slow_augmentation(b)
+    if b.shares.get("decode", 0.0) >= 0.4:
+        return decode_every_epoch(b)
+    return heavy_map(b)
+
+
+def python_generator(b: Blame) -> None:
+    b.add(
+        "python-generator",
+        "Python generator (from_generator) feeds the pipeline",
+        b.spread_over_cores,
+        f"{b.text}: Dataset.from_generator runs your Python one element at a time; " + st.function_line(b.fn),
+        "Produce the examples with tf.data ops instead of Python, e.g. "
+        "`tf.data.Dataset.from_tensor_slices(paths).map(load, num_parallel_calls=tf.data.AUTOTUNE)` with `load` "
+        "built from tf.io.read_file, tf.io.decode_jpeg and tf.image.resize, or read TFRecord shards with "
+        "`tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)`. Running more generators in "
+        "parallel helps little: Python holds the GIL, so one of them runs Python at a time. "
+        "In this template: pipeline.reader: tfrecord, pipeline.parallel_calls: auto.",
+        f"Estimate: the same work spread over {b.pipeline.cores_note}; TF ops are usually faster than the Python they "
+        "replace, so the real gain can be larger. The trace shows time inside Python, not whether that Python "
+        "computed or waited on files." + b.counted,
+    )
+
+
+def sequential_file_reads(b: Blame, reader: dict) -> None:
+    b.add(
+        "sequential-file-reads",
+        "Files are read one after another",
+        b.ms * (1 - 1 / b.pipeline.cores),
+        f"{b.text}: {reader['kind']} readers inside {b.head['kind']} opened {reader['instances']} file(s) during the "
+        f"profile and read them one after another on one thread ({ms(reader['busy_ms'])} of reading per step)",
+        "Read several files at once: `tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)`, or "
+        "`tf.data.Dataset.from_tensor_slices(files).interleave(tf.data.TFRecordDataset, cycle_length=8, "
+        "num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)`. "
+        "In this template: pipeline.parallel_reads: auto.",
+        f"Estimate: reading spread over {b.pipeline.cores_note}. A host trace cannot tell waiting on storage from "
+        "decompressing or parsing inside the reader (both are the reader's own time): on network storage "
+        "parallel reads hide latency and can gain more; compressed files (GZIP/ZLIB) gain as far as cores "
+        "allow.",
+    )
+
+
+def slow_file_reads(b: Blame, reader: dict) -> None:
+    b.add(
+        "slow-file-reads",
+        "Reading files is slow even in parallel",
+        b.ms,
+        f"{b.text}: {reader['kind']} readers under {b.head['kind']} read {reader['instances']} file(s) on "
+        f"{reader['threads']} threads",
+        "Read once and keep: `.cache()` after decoding (or `.cache(filename)` on local disk), fewer and larger "
+        "shards (100-200 MB), uncompressed records on fast local disk. In this template: pipeline.cache: auto.",
+        "Estimate: the reads vanish after the first epoch under a cache. The trace cannot tell storage latency "
+        "from decompression on the CPU.",
+    )
+
+
+def slow_stage(b: Blame) -> None:
+    b.add(
+        "slow-stage",
+        f"The {b.head['kind']} stage holds the step",
+        b.ms * 0.5,
+        f"{b.text}, work of its own (no function of yours ran in it)",
+        "Measure that stage alone (iterate the dataset without the model) and move it before `.cache()` or after "
+        "`.batch()` so it runs once per batch. In this template: `python -m train bench` compares pipelines.",
+        "Estimate: half of its time, a guess: the trace shows where the time goes, not how much a change saves.",
+    )
+
+
+def python_in_map(b: Blame) -> None:
+    b.add(
+        "python-in-map",
+        "Python inside a map (tf.py_function / tf.numpy_function)",
+        b.spread_over_cores,
+        f"{b.text}: {b.shares['python']:.0%} of its op time is Python (PyFunc ops: tf.py_function / "
+        "tf.numpy_function); "
+        + b.ran
+        + ("; written without num_parallel_calls" if st.written_sequential_map(b.head) else ""),
+        "Rewrite the function with TensorFlow ops (tf.io.decode_jpeg, tf.image.*, tf.strings.*) and run it with "
+        "`.map(f, num_parallel_calls=tf.data.AUTOTUNE)`. `num_parallel_calls` alone helps little while the "
+        "function is Python: the GIL lets one call run Python at a time (only what releases the GIL, file reads, "
+        "sleeps, large numpy operations, overlaps). If it must stay Python, run it once offline and store the "
+        "result (TFRecord), or spread it over processes (tf.data service). In this template: pipeline.reader: "
+        "tfrecord, pipeline.parallel_calls: auto, pipeline.data_service.",
+        f"Estimate: the same work without the GIL, over {b.pipeline.cores_note}; TF ops are usually faster than the "
+        "Python they replace. The trace shows time inside Python, not whether it computed or waited on I/O."
+        + b.counted,
+    )
+
+
+def sequential_map(b: Blame) -> None:
+    step, parallel_gain = b.pipeline.step, b.spread_over_cores
+    options = [(parallel_gain, "`.map(f, num_parallel_calls=tf.data.AUTOTUNE)`")]
+    if b.deterministic:
+        options.append((b.worked, b.cache_line))
+    best = max(options, key=lambda o: o[0])
+    rescued = (
+        f"tf.data parallelized it itself (map parallelization; parallelism {b.parallelism}), so on these cores "
+        "`num_parallel_calls` adds little here but keeps it parallel where that optimization does not apply and "
+        "lets autotune use every core of a larger host"
+        if b.concurrency >= 1.3
+        else "so one call runs at a time"
+    )
+    fix = (
+        f"Write `.map(f, num_parallel_calls=tf.data.AUTOTUNE)` (removes about {ms(parallel_gain)} per step here: "
+        f"{gain(step, parallel_gain):.2f}x)."
+    )
+    if b.deterministic:
+        fix += f" Then: {b.cache_line} (up to {ms(b.worked)} per step: {gain(step, b.worked):.2f}x)."
+    fix += " In this template: pipeline.parallel_calls: auto" + (", pipeline.cache: auto." if b.deterministic else ".")
+    b.add(
+        "sequential-map",
+        "A map written without num_parallel_calls",
+        best[0],
+        f"{b.text}: a map written without num_parallel_calls (MapDataset), {rescued}; {b.ran}",
+        fix,
+        f"Estimate for parallel calls: the work spread over {b.pipeline.cores_note}. On a CPU-only profile the map "
+        "and the model share those cores, so whether the map is slow by itself or starved by the model cannot be "
+        "told apart here." + b.counted,
+    )
+
+
+def slow_augmentation(b: Blame) -> None:
+    b.add(
+        "slow-augmentation",
+        "Per-example augmentation is slower than the model",
+        b.worked,
+        f"{b.text}: {b.shares['augmentation']:.0%} of its op time is augmentation, applied per example; {b.ran}",
+        "Augment whole batches: `.batch(256).map(augment_batch, num_parallel_calls=tf.data.AUTOTUNE)` with ops "
+        "that take a batch (one op call per batch instead of one per image), or move augmentation into the "
+        "model as Keras layers (keras.layers.RandomFlip, RandomContrast, ...) so the accelerator runs it. "
+        "In this template: pipeline.augment: batched (or device).",
+        "Estimate: the augmentation leaves the input pipeline (into the model on an accelerator). "
+        + (
+            "On this CPU-only profile the model runs on the same cores, so moving it moves the work rather than "
+            "removing it; batching it is what saves CPU here."
+            if b.pipeline.cpu_only
+            else ""
+        )
+        + b.counted,
+    )
+
+
+def decode_every_epoch(b: Blame) -> None:
+    b.add(
+        "decode-every-epoch",
+        "Decoding every example every epoch",
+        b.worked,
+        f"{b.text}: {b.shares['decode']:.0%} of its op time decodes; {b.ran}",
+        "`.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()` keeps decoded examples after the first "
+        "epoch; if they do not fit in memory, decode at reduced size (`tf.io.decode_jpeg(data, ratio=2)`, "
+        "`tf.io.decode_and_crop_jpeg`) or `.cache(filename)`. In this template: pipeline.cache: auto, "
+        "pipeline.scaled_decode, pipeline.random_crop.",
+        "Estimate: decoding vanishes after the first epoch under a cache." + b.counted,
+    )
+
+
+def heavy_map(b: Blame) -> None:
+    more_cores = (
+        "`.map(f, num_parallel_calls=tf.data.AUTOTUNE)` on a host with more cores, or tf.data service workers "
+        "(`ds.apply(tf.data.experimental.service.distribute(...))`)"
+    )
+    if b.deterministic:
+        fix = (
+            f"{b.cache_line[0].upper()}{b.cache_line[1:]}. Otherwise give the pipeline more cores: {more_cores}. "
+            "In this template: pipeline.cache: auto, pipeline.data_service."
+        )
+        caveat = "the map vanishes after the first epoch under a cache."
+    else:
+        fix = (
+            f"Give the pipeline more cores: {more_cores}; or move the work into the model (on the accelerator) "
+            "or offline. In this template: pipeline.data_service."
+        )
+        caveat = f"the work over {b.pipeline.cores_note}."
+    b.add(
+        "heavy-map",
+        "A map does more work than the model",
+        b.worked if b.deterministic else b.spread_over_cores,
+        f"{b.text}: {b.ran}",
+        fix,
+        "Estimate: " + caveat + b.counted,
+    )
+
+
+def shuffle_buffer_refill(s: dict, p: Pipeline) -> None:
+    below = [o for o in p.stages if st.under(o["path"], s["path"]) and o["functions"]]
+    work = ", ".join(
+        f"{o['kind']} ({', '.join(f'{op} {ms(t)}' for op, t in o['functions']['top_ops'][:2])})" for o in below[:2]
+    )
+    # Shuffling earlier removes the burst, not the work: each element is still decoded once per epoch, now in
+    # the steady state, spread over the cores.
+    redone = sum(o["functions"]["work_ms"] for o in below) / p.cores
+    size = ""
+    if s["element_mb"]:
+        buffer = s["params"].get("buffer_size")
+        total = f", about {s['element_mb'] * float(buffer):.0f} MB in all" if str(buffer).isdigit() else ""
+        size = f"; each buffered element takes {s['element_mb']:.2f} MB{total}"
+    p.causes.add(
+        "shuffle-buffer-refill",
+        "A shuffle buffer of expensive elements is refilled",
+        max(s["fill_ms"] - redone, 0.0),
+        f"{ms(s['fill_ms'])} per step ({pct(s['fill_ms'], p.step)} of step time) waits while {st.name(s)} fills "
+        f"its buffer of {s['params'].get('buffer_size', '?')} elements: {s['fills']} fill(s) in the profile (each new "
+        f"iterator, e.g. every epoch), {s['pulled_per_fill']:.0f} elements pulled one by one"
+        + (f" through {work}" if work else "")
+        + size,
+        "Shuffle before the expensive work, so the buffer holds file names or encoded records: "
+        "`tf.data.Dataset.from_tensor_slices(paths).shuffle(len(paths))"
+        ".map(load, num_parallel_calls=tf.data.AUTOTUNE)`; or resize before the shuffle so the buffer holds "
+        "small images. In this template: pipeline.shuffle_before_decode: true."
+        + (
+            f" The work itself stays ({ms(redone * p.cores)} of CPU per step): `.cache()` after decoding and resizing "
+            "removes it from later epochs."
+            if redone
+            else ""
+        ),
+        f"Estimate: the fills vanish and their work ({ms(redone * p.cores)} of CPU per step) is done in the steady "
+        f"state instead, over {p.cores_words}. Shuffling file names shuffles less finely within a file (not at all "
+        "for one image per file).",
+        stage=s["path"],
+    )
+
+
+def cache_after_augmentation(p: Pipeline) -> None:
+    for cache in (s for s in p.stages if "Cache" in s["kind"] or s["kind"].startswith("Snapshot")):
+        for s in p.stages:
+            fn = s["functions"]
+            if not st.under(s["path"], cache["path"]) or not fn or not fn["ops_ms"].get("augmentation"):
+                continue
+            ops = [op for op, _ in fn["top_ops"] if iw.op_category(op) == "augmentation"]
+            p.causes.add(
+                "cache-after-augmentation",
+                "cache() stores augmented examples",
+                0.0,
+                f"{st.name(cache)} caches the output of {st.name(s)}, whose function ran augmentation ops "
+                f"({', '.join(ops) or 'augmentation'}: {ms(fn['ops_ms']['augmentation'])} per step) and was being "
+                f"cached in this profile ({pct(s['blocking_ms'], p.step)} of step time waits on it): if those ops are "
+                "random (tf.image.random_*, Keras random layers), every epoch after the first replays the first "
+                "epoch's augmented examples, and the model sees no new augmentation",
+                "Cache before the random ops: "
+                "`ds.map(decode).cache().map(augment, num_parallel_calls=tf.data.AUTOTUNE)` (augment batches after "
+                "`.batch()` to keep the per-epoch cost low). In this template: pipeline.cache with pipeline.augment: "
+                "batched (augmentation runs after the cache).",
+                "This changes what is learned, not the speed: it ranks first. Random-number ops are too cheap for the "
+                "profiler to record, so the profile cannot show whether these ops were random or fixed "
+                "(tf.image.flip_left_right is not): check the function. After the move, the augmentation runs every "
+                "epoch.",
+                kind=CORRECTNESS,
+                stage=s["path"],
+            )
+            return
+
+
+def root_stage(stages: list[dict]) -> dict | None:
+    """The stage the model reads from: the first under Root that does work of its own."""
+    return next((s for s in stages if s["path"].count("::") >= 1 and not s["pass_through"]), None)
+
+
+def prefetched(stage: dict, stages: list[dict]) -> bool:
+    """Whether a Prefetch (yours or injected by tf.data) runs `stage` ahead of its consumer."""
+    return any(o["kind"] == "Prefetch" and st.under(stage["path"], o["path"]) for o in stages)
+
+
+def no_prefetch(p: Pipeline) -> None:
+    """Nothing runs ahead of the model at the root: its stage is synchronous and no Prefetch sits above it."""
+    top = root_stage(p.stages)
+    if p.input_ms <= 0 or top is None or top["async"] or prefetched(top, p.stages):
+        return  # the stage the model reads from already runs ahead of it
+    deeper = [s for s in p.stages if s["kind"] == "Prefetch"]
+    if deeper:  # a prefetch further down (before .batch(), say) already overlaps what lies below it
+        above = sum(
+            s["blocking_ms"] + s["fill_ms"] for s in p.stages if not s["pass_through"] and not prefetched(s, p.stages)
+        )
+        where = f"the Prefetch at {deeper[0]['path']} runs only what lies below it ahead"
+    else:
+        above = p.input_ms
+        autotune = " (autotune is off, so tf.data injected none)" if p.wait.get("autotune") is False else ""
+        where = f"no Prefetch anywhere in the pipeline{autotune}"
+    p.causes.add(
+        "no-prefetch",
+        "Nothing runs ahead of the model (no prefetch)",
+        min(above, p.other_ms),
+        f"{where}: the stage the model reads from, {st.name(top)}, is synchronous, so every batch is produced while "
+        f"the model waits: {ms(above)} per step, against {ms(p.other_ms)} of step that could overlap it",
+        "End the pipeline with `.prefetch(tf.data.AUTOTUNE)`. In this template: pipeline.prefetch: auto.",
+        "Estimate: production overlaps the rest of the step (it can hide at most that much)."
+        + (
+            " On a CPU-only profile the pipeline and the model then share the cores, so the overlap is partial."
+            if p.cpu_only
+            else ""
+        ),
+        stage=top["path"],
+    )

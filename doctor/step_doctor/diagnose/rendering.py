@@ -1,0 +1,187 @@
+"""The text `diagnose` prints: one summary line per run, then each run's figures, tree and recommendations."""
+
+from __future__ import annotations
+
+from step_doctor.diagnose.recommendation import CORRECTNESS, Recommendation
+from step_doctor.diagnose.report import HOW_TO_CAPTURE
+from step_doctor.diagnose.stalls import left_out
+
+
+def _summary(run: str, item: dict) -> str:
+    if item["verdict"] == "unreadable":
+        return f"{run}: UNREADABLE profile (see below)"
+    profile = item["profile"]
+    if profile["input_bound_percent"] is None:
+        return f"{run}: verdict unknown ({item['unmeasured'] or 'no input share'})"
+    how = "inferred steps" if item["steps_inferred"] else "step markers"
+    first = Recommendation.from_dict(item["recommendations"][0]) if item["recommendations"] else None
+    fix = f"; first: {first.cause} ({first.estimated_gain:.2f}x)" if first else "; nothing to fix"
+    share = profile["input_bound_percent"]
+    wait = profile["input_pipeline"] or {}
+    step = wait.get("step_ms") or profile["step_time_ms"]
+    stall = f" ({left_out(wait):.1f} ms of it stalled, left out)" if left_out(wait) > 0 else ""
+    return f"{run}: {item['verdict'].upper()}, {share:.1f}% of a {step:.1f} ms step{stall} waits for input ({how}){fix}"
+
+
+def _tree(wait: dict) -> list[str]:
+    lines = []
+    for s in wait.get("stages", []):
+        depth = s["path"].count("::") - 1
+        notes = []
+        if s["injected"]:
+            notes.append("injected by tf.data")
+        for key in ("parallelism", "batch_size", "buffer_limit", "buffer_size"):
+            if key in s["params"]:
+                notes.append(f"{key} {s['params'][key]}")
+        if s["functions"]:
+            notes.append(
+                f"fn {s['functions']['work_ms']:.1f} ms/step, {s['functions']['concurrency'] or 0:.1f} at a time"
+            )
+        if s["blocking_ms"] + s["fill_ms"] >= 0.01 * wait["step_ms"]:
+            notes.append(f"holds the step {s['blocking_ms'] + s['fill_ms']:.1f} ms/step")
+        lines.append("    " + "  " * max(depth, 0) + s["kind"] + (f"  [{'; '.join(notes)}]" if notes else ""))
+    return lines
+
+
+def _figures(profile: dict, device: dict) -> list[str]:
+    stall = left_out(profile.get("input_pipeline") or {})
+    without = f" (without the step's {stall:.1f} ms stall, below)" if stall > 0 else ""
+    busy = device["busy_percent"]
+    if busy is not None:
+        busy_text = f"{busy:.1f}%"
+    else:
+        busy_text = "n/a (CPU-only profile)" if device["cpu_only"] else "not measured (see the note below)"
+    return [
+        f"  step {profile['step_time_ms']:.1f} ms = input {profile['input_ms']:.1f} + host compute "
+        f"{profile['host_compute_ms']:.1f} + device compute {profile['device_compute_ms']:.1f} + launch "
+        f"{profile['kernel_launch_ms']:.1f} + other {profile['other_ms']:.1f} ms",
+        f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time{without}; device busy: {busy_text}",
+    ]
+
+
+def _source(profile: dict, wait: dict) -> str:
+    source = profile["step_source"] or "none found"
+    if not wait.get("measured"):
+        return source
+    per_window, replicas = wait.get("steps_per_window") or 1, wait.get("replicas") or 1
+    if replicas > 1:
+        source += f", {replicas} replicas (a distribution strategy): each step reads one batch per replica"
+    if per_window > 1:
+        source += f", each {per_window} training steps (steps_per_execution): figures are per execution"
+    return source
+
+
+def _stall(wait: dict) -> list[str]:
+    """The step time without recorded work (diagnose/stalls.py), where there is any."""
+    stall = (wait.get("stall_ms") or 0.0) if wait.get("measured") else 0.0
+    if stall <= 0:
+        return []
+    found, outside = wait["stall"], left_out(wait)
+    parts = []
+    if found["gaps_ms"]:
+        parts.append(
+            f"{found['gaps_ms']:.1f} ms in gaps of 1 ms or more in which the training thread waited in the train "
+            "function and no thread, op or device of the step recorded anything"
+        )
+    if found["stretched_steps"]:
+        parts.append(
+            f"{found['stretched_ms']:.1f} ms in {found['stretched_steps']} step(s) whose Python, dispatch or model ops "
+            "took far longer than the same in the other steps (or work done only in some steps, e.g. a callback "
+            "every N steps)"
+        )
+    text = f"  no recorded work: {stall:.1f} ms per step ({100 * stall / wait['step_ms']:.0f}% of the step), "
+    text += "; ".join(parts) + ". Per-step overhead leaves it out."
+    if found["pipeline_ms"]:
+        text += (
+            f" In {found['pipeline_ms']:.1f} ms of it the input pipeline's threads ran: the step waited for cores they "
+            "held, which a fix of the pipeline gives back, so shares and estimates count it."
+        )
+    if outside > 0:
+        text += (
+            f" The other {outside:.1f} ms shows no work of the pipeline either: the process was likely descheduled "
+            "(other load), so shares and estimates are of the step without it."
+        )
+        if outside >= 0.1 * wait["step_ms"]:
+            text += " Figures from a busy machine: profile on a quieter one to confirm them."
+    return [text]
+
+
+def _pipeline(wait: dict) -> list[str]:
+    if not wait.get("measured"):
+        return []
+    batch, prefetch = wait.get("batch_size"), wait["prefetch"]
+    if prefetch:
+        kinds = ", ".join("injected by tf.data" if p["injected"] else "yours" for p in prefetch)
+        prefetch_text = f"yes ({kinds})"
+    else:
+        prefetch_text = "none"
+    return [
+        f"  batch: {batch if batch else 'unknown'}; prefetch: {prefetch_text}; tf.data cores: "
+        f"{wait.get('cpu_budget') or 'unknown'}; the tf.data pipeline as it ran:",
+        *_tree(wait),
+    ]
+
+
+def _recommendations(recommendations: list[Recommendation]) -> list[str]:
+    lines = []
+    for rank, rec in enumerate(recommendations, start=1):
+        gain = "" if rec.kind == CORRECTNESS else f", estimated gain {rec.estimated_gain:.2f}x"
+        lines.append(f"  {rank}. {rec.title} [{rec.cause}{gain}]")
+        lines.append(f"     evidence: {rec.evidence}.")
+        lines.append(f"     fix: {rec.fix}")
+        if rec.caveat:
+            lines.append(f"     note: {rec.caveat}")
+    if not recommendations:
+        lines.append("  nothing to fix: no known cause would gain 5% or more in this profile.")
+    return lines
+
+
+def _latent(notes: list[Recommendation]) -> list[str]:
+    """Structural defects of a run that does not wait for input: not ranked, said with what they would cost."""
+    if not notes:
+        return []
+    lines = ["  not costing this run, but in its pipeline (they would cost where the step is faster):"]
+    for rec in notes:
+        lines.append(f"  - {rec.title} [{rec.cause}, latent]")
+        lines.append(f"     evidence: {rec.evidence}.")
+        lines.append(f"     {rec.if_faster}")
+        lines.append(f"     fix: {rec.fix}")
+        lines.append(f"     note: {rec.caveat}")
+    return lines
+
+
+def _run(item: dict) -> list[str]:
+    if item["verdict"] == "unreadable":
+        return [f"  {item['error']}"]
+    profile = item["profile"]
+    wait = profile["input_pipeline"]
+    size = f", {profile['profile_mb']:,.1f} MB" if profile.get("profile_mb") is not None else ""
+    lines = [f"  profile: {profile['session']} ({profile['hardware_type']}, {profile['steps']} steps{size})"]
+    lines += [f"  {note}" for note in [profile.get("large_profile"), *profile.get("skipped", [])] if note]
+    lines.append(
+        f"  steps: {_source(profile, wait)}" + (" (INFERRED: no step markers)" if item["steps_inferred"] else "")
+    )
+    if profile["input_bound_percent"] is None:
+        lines.append(f"  verdict: unknown - {item['unmeasured'] or 'the input share could not be measured'}.")
+        lines += [f"  {note}" for note in item["notes"]]
+        lines.append(f"  {HOW_TO_CAPTURE}")
+        return lines
+    label = " (inferred steps)" if item["steps_inferred"] else ""
+    lines.append(f"  verdict: {item['verdict'].upper()}{label}")
+    lines += _figures(profile, item["device"]) + _stall(wait) + _pipeline(wait)
+    if profile["has_step_markers"] and profile["conclusion"]:
+        lines.append(f"  xprof: {profile['conclusion']}")
+    lines += _recommendations([Recommendation.from_dict(r) for r in item["recommendations"]])
+    lines += _latent([Recommendation.from_dict(r) for r in item.get("latent", ())])
+    lines += [f"  {note}" for note in item["notes"]]
+    if item["how_to_capture"]:
+        lines.append(f"  {item['how_to_capture']}")
+    return lines
+
+
+def render(result: dict) -> str:
+    """The text of a `diagnose` document (diagnose/report.py), as `step-doctor diagnose` prints it."""
+    lines = [_summary(run, item) for run, item in result["runs"].items()]
+    for run, item in result["runs"].items():
+        lines += ["", f"== {run} =="] + _run(item)
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""Diagnose any TensorBoard log folder that holds a profile: the JSON document of `diagnose`.
+
+Works on profiles written by this project and by others: a bare `tf.profiler` log folder,
+or a TensorBoard log folder with several runs. It reads the profile (xprof's offline
+converter, no TensorFlow import), never the code, to name the cause; the run's config.yaml,
+where this template wrote one, only for the precision it trained in.
+
+- Steps come from step markers, else are inferred from the host trace (the stock Keras
+  TensorBoard callback's "Profiled batch" events, or the executions of the train function);
+  inferred figures are labelled so, with how to add markers.
+- The verdict: diagnose/verdict.py. Recommendations name the causes the profile shows
+  (diagnose/input_causes.py, diagnose/step_causes.py), each with this profile's
+  figures, the step time its fix removes and the estimated gain (diagnose/recommend.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from step_doctor.diagnose import analysis
+from step_doctor.diagnose.device import DeviceView, run_record, view
+from step_doctor.diagnose.recommend import latent, recommendations
+from step_doctor.diagnose.verdict import verdict
+from step_doctor.errors import UserError
+
+HOW_TO_CAPTURE = (
+    "Step markers give exact steps: `from step_doctor.callbacks import StepTraceProfiler` and pass "
+    "`callbacks=[StepTraceProfiler(logdir, start_step=10, num_steps=10)]` to model.fit (it wraps each step in "
+    "tf.profiler.experimental.Trace('train', step_num=step, _r=1), around fetching the batch and running it). "
+    "The stock Keras TensorBoard(profile_batch=...) callback writes no step marker (openxla/xprof#578), so xprof "
+    "itself shows no step time for it."
+)
+CPU_ONLY_NOTE = (
+    "CPU-only profile: the input pipeline and the model share the same cores, so a stage that looks slow may be "
+    "starved by the model, and overlap (prefetch, parallel calls) gains less here than on a GPU host; estimates "
+    "assume the cores a fix needs are free."
+)
+
+
+def _run_config(session: Path) -> dict:
+    """The run's config.yaml (this template's runs have one), or {} for foreign logs; used for precision only."""
+    run_dir = session.parent.parent.parent
+    for candidate in (run_dir / "config.yaml", run_dir.parent / "config.yaml"):
+        if candidate.is_file():
+            try:
+                values = yaml.safe_load(candidate.read_text())
+                return values if isinstance(values, dict) else {}
+            except yaml.YAMLError:
+                return {}
+    return {}
+
+
+def _no_profile_message(logdir: Path) -> str:
+    strays = []
+    for folder in sorted(logdir.rglob("plugins/profile/*")):
+        if folder.is_dir():
+            names = sorted(p.name for p in folder.iterdir())[:4]
+            strays.append(f"{folder} ({', '.join(names) or 'empty'})")
+    found = (
+        f" Found profile folders without one: {'; '.join(strays[:3])}: xprof 2.24 reads only .xplane.pb files."
+        if strays
+        else ""
+    )
+    return f"No TensorBoard profile under '{logdir}' (no plugins/profile/*/*.xplane.pb).{found} " + HOW_TO_CAPTURE
+
+
+def diagnose(logdir: str | Path) -> dict:
+    """{"logdir", "runs": {run: {verdict, profile, recommendations, ...}}} for every run with a profile."""
+    logdir = Path(logdir)
+    if not logdir.exists():
+        raise UserError(f"Log folder '{logdir}' does not exist. Pass a TensorBoard log folder, e.g. runs/compare.")
+    sessions = analysis.find_profile_sessions(logdir)
+    if not sessions:
+        raise UserError(_no_profile_message(logdir))
+    runs = {}
+    for run, session in sessions.items():
+        try:
+            profile = analysis.analyze_session(session)
+        except analysis.ProfileError as error:
+            runs[run] = {"verdict": "unreadable", "error": str(error), "recommendations": [], "latent": []}
+            continue
+        wait = profile["input_pipeline"]
+        device = view(profile, run_record(session))
+        ranked = recommendations(profile, _run_config(session), device)
+        runs[run] = {
+            "verdict": verdict(profile, device),
+            "steps_inferred": profile["steps_inferred"],
+            "profile": profile,
+            "device": device.to_dict(),
+            "recommendations": [r.to_dict() for r in ranked],
+            "latent": [r.to_dict() for r in latent(profile, ranked, device)],
+            "how_to_capture": None if profile["has_step_markers"] else HOW_TO_CAPTURE,
+            "unmeasured": None if profile["input_bound_percent"] is not None else wait.get("reason"),
+            "notes": notes(profile, device),
+        }
+    return {"logdir": str(logdir), "runs": runs}
+
+
+def notes(profile: dict, device: DeviceView | None = None) -> list[str]:
+    """What the figures cannot show in this profile: a device's share, shared cores, producers that left no events."""
+    device = device or view(profile)
+    found = [device.unmeasured] if device.unmeasured else []
+    wait = profile["input_pipeline"]
+    if not wait.get("measured"):
+        return found
+    found += [CPU_ONLY_NOTE] if device.cpu_only else []
+    lost, input_ms = wait.get("unattributed_ms") or 0.0, wait["input_ms"] or 0.0
+    if input_ms >= 0.1 * wait["step_ms"] and lost >= 0.25 * input_ms:
+        held = max((s for s in wait["stages"] if s["pass_through"]), key=lambda s: s["blocking_ms"])
+        found.append(
+            f"Unseen producers: {lost:.1f} ms of the {input_ms:.1f} ms input wait per step "
+            f"({100 * lost / input_ms:.0f} %) waits on {held['path']}, whose producer threads left no events in this "
+            "profile, so the causes above miss that share. TensorFlow 2.17's profiler drops the events of threads "
+            "that ended before the capture stopped (each epoch's iterator threads end with its epoch); 2.21 keeps "
+            "them. Profile steps within one epoch, or `.repeat()` the dataset and pass steps_per_epoch, to see them."
+        )
+    return found

@@ -1,0 +1,39 @@
+"""The verdict on one profile, and the regression gate's rule: both read the same threshold.
+
+Waiting for input 20 % of step time or more is input-bound (xprof's own "HIGHLY input-bound"
+threshold). Otherwise the step is device-bound when the accelerator (or, in a CPU-only profile,
+the CPU) computes most of it, host-bound when per-step overhead does (of the step without its stall,
+diagnose/stalls.py), and only not-input-bound
+where a device was there but its share of the step is not measured (diagnose/device.py).
+"""
+
+from __future__ import annotations
+
+from step_doctor.diagnose.analysis import INPUT_BOUND_HIGH as INPUT_BOUND
+from step_doctor.diagnose.device import DeviceView, view
+from step_doctor.diagnose.stalls import left_out
+
+
+def verdict(profile: dict, device: DeviceView | None = None) -> str:
+    """input-bound, device-bound, host-bound; not-input-bound where a device's share is unmeasured; unknown."""
+    device = device or view(profile)
+    share = profile["input_bound_percent"]
+    if share is None or not profile["step_time_ms"]:
+        return "unknown"
+    if share >= INPUT_BOUND:
+        return "input-bound"
+    if device.cpu_only:  # the CPU is the compute device
+        wait = profile.get("input_pipeline") or {}
+        overhead = wait.get("overhead_ms") or 0.0
+        return "host-bound" if overhead >= 0.5 * (profile["step_time_ms"] - left_out(wait)) else "device-bound"
+    if device.busy_percent is None:
+        return "not-input-bound"
+    return "device-bound" if device.busy_percent >= 50 else "host-bound"
+
+
+def fails_gate(share: float | None, threshold: float) -> bool:
+    """Whether `--fail-if-input-bound threshold` fails a run that waits `share` % of its step for input.
+
+    At the threshold, as the verdict: a gate at 20 fails exactly the runs the verdict calls input-bound.
+    """
+    return share is not None and share >= threshold

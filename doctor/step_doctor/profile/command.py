@@ -1,0 +1,115 @@
+"""`step-doctor profile [--logdir DIR] [--steps A-B | --seconds S] [--json] -- python my_train.py ARGS...`
+
+Runs the command with the capture injected (runner.py, site/), then diagnoses what it captured:
+the summary line, the causes with their estimated gains and fixes, the utilization around the
+run, and the TensorBoard command that shows the profile and the utilization side by side.
+
+Exit status: the command's own when it failed (one line names how it ended; what it captured
+is still diagnosed), else diagnose's: 0, 3 with --fail-if-input-bound, 4 when nothing could be
+measured; 2 when the command is not a Python one, never imports TensorFlow, or cannot start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+from step_doctor import diagnose as analyser  # the analyser's entry points: diagnose(), render(), main()
+from step_doctor import files
+from step_doctor.errors import UserError
+from step_doctor.profile import explain, runner
+
+
+def main(args) -> int:
+    command = args.command_args[1:] if args.command_args[:1] == ["--"] else list(args.command_args)
+    if not command:
+        raise UserError(
+            "Give the command to profile after --, as you would run it yourself: "
+            "step-doctor profile -- python my_train.py --epochs 3"
+        )
+    if args.seconds is not None and args.seconds <= 0:
+        raise UserError(f"--seconds {args.seconds}: give the length of a custom loop's capture in seconds, e.g. 5.")
+    steps = runner.parse_steps(args.steps)
+    shown = Path(args.logdir) if args.logdir else runner.default_logdir(command)
+    logdir = runner.prepare_logdir(shown)
+    if steps:
+        window = f"steps {steps[0]}-{steps[1]} (Keras fit steps, or a custom loop's step-function calls)"
+    else:
+        loop = f"{args.seconds:g} s" if args.seconds else "2 s (12 to 50 steps)"
+        window = f"Keras fit steps 5-16 (after the warm-up), or {loop} of a custom loop from its 6th step"
+    print(
+        f"profile: running `{explain.command_text(command)}`; capture: {window}; logs in {shown}",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.time()
+    child, sampler = runner.run(command, logdir, steps, args.seconds, args.json, name=runner.script_name(command))
+    try:
+        return _report(args, child, sampler, logdir, shown)
+    finally:
+        if args.chown:
+            runner.hand_back([logdir, Path.cwd()], args.chown, started)
+
+
+def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) -> int:
+    usage = explain.utilization_block(sampler, child)
+    about = {
+        "command": child.command,
+        "exit_status": child.exit_status,
+        "signal": child.signal_name,
+        "seconds": round(child.seconds, 3),
+        "processes": child.statuses,
+    }
+    board = f"tensorboard --logdir {shown}"
+    if not any(logdir.rglob("*.xplane.pb")):
+        paragraph, status = explain.nothing_captured(child)
+        document = {"logdir": None, "runs": {}, "error": paragraph, "capture": about, "utilization": usage}
+        runner.discard(logdir)
+        if args.json:
+            print(json.dumps(document, indent=2, default=str))
+        print(f"error: {paragraph}", file=sys.stderr)
+        return status
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):  # main() keeps the gate's exit status in one place
+        status = analyser.main(
+            str(logdir),
+            as_json=True,
+            fail_if_input_bound=args.fail_if_input_bound,
+            allow_unmeasured=args.allow_unmeasured,
+        )
+    result = _loop_hints(json.loads(out.getvalue()), child)
+    document = {**result, "logdir": str(shown), "capture": about, "utilization": usage, "tensorboard": board}
+    files.write_json(logdir / "profile.json", document)
+    if args.json:
+        print(json.dumps(document, indent=2, default=str))
+    else:
+        lines = explain.capture_lines(child) + [analyser.render(result), ""]
+        lines += explain.utilization_lines(usage)
+        lines.append(f"TensorBoard, the profile and the utilization side by side: {board}")
+        print("\n".join(lines))
+    if child.returncode != 0:
+        print(
+            f"error: `{explain.command_text(child.command)}` {explain.how_it_ended(child)}; what it captured before "
+            "is diagnosed above.",
+            file=sys.stderr,
+        )
+        return child.exit_status
+    return status
+
+
+def _loop_hints(result: dict, child: runner.ChildRun) -> dict:
+    """A custom loop's steps are inferred by design: say how, instead of the analyser's advice to add markers."""
+    loops = {s["run"]: s for s in child.statuses if s.get("mode") == "custom-loop" and s.get("run")}
+    for run, item in result["runs"].items():
+        status = loops.get(run)
+        if status and item.get("how_to_capture"):
+            item["how_to_capture"] = (
+                f"A custom loop has no Keras batches to mark: its steps are the executions of "
+                f"`{(status.get('window') or {}).get('function')}`, its step function, each from one call to the next "
+                "(so fetching the next batch between calls counts as waiting for input)."
+            )
+    return result
