@@ -32,7 +32,7 @@ STAMP := $(VENV)/.installed-$(TF_EXTRA)
 SETUP_CONSTRAINTS := $(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)
 endif
 
-.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench bench-check ladder sweep-batch tune diagnose bench-diagnose tensorboard test test-fast test-container-stack lint clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench bench-check ladder sweep-batch tune diagnose bench-diagnose tensorboard test test-fast test-long test-doctor-alone test-container-stack lint clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -96,7 +96,7 @@ tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 
 
 # Each product tests itself: the template's tests (tests/), then the doctor's (doctor/tests/, run from doctor/).
 # ARGS go to both pytest runs (e.g. ARGS="-x -k corpus").
-TEST_BOTH = $(PY) -m pytest -m "$(1)" $(ARGS) && cd doctor && $(abspath $(PY)) -m pytest -m "$(1)" $(ARGS)
+TEST_BOTH = $(PY) -m pytest -m "$(1)" $(ARGS) && cd doctor && $(abspath $(PY)) -m pytest -m "$(1) and not install" $(ARGS)
 
 test: setup ## Run the test suite CI runs: fast and slow tests of the template and the doctor (CPU, under 10 minutes on 2 cores)
 	$(call TEST_BOTH,not long)
@@ -106,6 +106,9 @@ test-fast: setup ## Run the tests not marked slow or long (under 90 seconds), fo
 
 test-long: setup ## Run the tests marked long: the benchmark harness end to end, the whole profile corpus (15 minutes)
 	$(call TEST_BOTH,long)
+
+test-doctor-alone: setup ## Install the doctor alone beside tensorflow-cpu in a fresh virtualenv and profile a Keras script there (2 minutes)
+	cd doctor && $(abspath $(PY)) -m pytest -m install $(ARGS)
 
 # The container-stack check: the project on the TensorFlow that the Docker image's base ships
 # (2.17, see constraints-container.txt), on CPU, in its own venv with the image's Python (3.12)

@@ -27,17 +27,18 @@ from pathlib import Path
 from step_doctor import files
 from step_doctor.errors import UserError
 
-SCRIPT = "tests/user_pipelines.py"
+# The diagnose corpus's scripts, in the doctor's tests: a checkout of the repository has them, a wheel does not.
+SCRIPT = Path(__file__).resolve().parents[2] / "tests" / "user_pipelines.py"
 WARMUP_STEPS = 20  # tracing, autotuning and the capture window (5-16 by default) all fall before this
 
 
 def _trial(with_profile: bool, case: str, data: Path, steps: int, work: Path, index: int) -> dict:
     times = work / f"times-{index}-{'with' if with_profile else 'without'}.json"
-    script = [sys.executable, str(files.project_file(SCRIPT)), case, str(data), "--steps", str(steps)]
+    script = [sys.executable, str(SCRIPT), case, str(data), "--steps", str(steps)]
     script += ["--times", str(times)]
     if with_profile:
         logdir = work / f"profile-{index}"
-        command = [sys.executable, "-m", "train", "profile", "--json", "--logdir", str(logdir), "--", *script]
+        command = [sys.executable, "-m", "step_doctor", "profile", "--json", "--logdir", str(logdir), "--", *script]
     else:
         command = script
     started = time.time()
@@ -71,14 +72,17 @@ def _rates(trial: dict, skip: set[int]) -> tuple[float, float]:
 
 
 def measure(case: str, trials: int, steps: int) -> dict:
+    if not SCRIPT.is_file():
+        raise UserError(
+            f"bench-profile runs the scripts of the diagnose corpus ({SCRIPT}), which come with a checkout of the "
+            "repository, not with an installed step-doctor: run it from a checkout (make bench-profile)."
+        )
     if steps < 2 * WARMUP_STEPS:
         raise UserError(f"--steps {steps}: give at least {2 * WARMUP_STEPS} (the first {WARMUP_STEPS} are warm-up).")
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as folder:
         work = Path(folder)
         data = work / "files"
-        subprocess.run(
-            [sys.executable, str(files.project_file(SCRIPT)), "--make-files", str(data)], check=True, timeout=300
-        )
+        subprocess.run([sys.executable, str(SCRIPT), "--make-files", str(data)], check=True, timeout=300)
         pairs = []
         for index in range(trials):
             order = (False, True) if index % 2 == 0 else (True, False)

@@ -31,13 +31,25 @@ SESSION = "2026_01_01_00_00_00"  # one fixed session folder per generated profil
 # the image the child was forked from), and this one holds TensorFlow. VmHWM is the peak after exec.
 _CHILD = """
 import atexit, runpy, sys
-path = sys.argv.pop(1)
+path, module = sys.argv.pop(1), sys.argv.pop(1)
 def peak():
     with open('/proc/self/status') as status, open(path, 'w') as out:
         out.write(next((line.split()[1] for line in status if line.startswith('VmHWM:')), ''))
 atexit.register(peak)
-runpy.run_module('train', run_name='__main__', alter_sys=True)
+runpy.run_module(module, run_name='__main__', alter_sys=True)
 """
+HERE = Path(__file__).resolve().parents[2]  # the folder that holds step_doctor/
+
+
+def _code(folder: Path | None) -> tuple[Path, str]:
+    """Where a diagnose to measure lives and how it runs: this doctor, another checkout's doctor, or a checkout
+    from before the doctor was a package of its own (its diagnose was `python -m train diagnose`)."""
+    if folder is None:
+        return HERE, "step_doctor"
+    for where, module in ((folder, "step_doctor"), (folder / "doctor", "step_doctor"), (folder, "train")):
+        if (where / module / "diagnose").is_dir():
+            return where, module
+    raise UserError(f"--code {folder}: not a checkout of this project (no step_doctor/diagnose/ or train/diagnose/).")
 
 
 def base_steps(size_mb: float) -> int:
@@ -73,13 +85,13 @@ def _gpu_profile(out: Path, size_mb: float, base: Path) -> Path:
 
 def _measure(logdir: Path, code: Path | None, timeout: float) -> dict:
     """One `diagnose` of logdir in a fresh process: wall seconds, peak RSS, exit status, load average."""
-    cwd = code or files.PROJECT_ROOT
+    cwd, module = _code(code)
     env = {**os.environ, "PYTHONPATH": str(cwd), "TF_CPP_MIN_LOG_LEVEL": "2"}
     load = os.getloadavg()[0]
     peak_file = Path(tempfile.mkstemp(prefix="peak-rss-")[1])
     started = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(peak_file), "diagnose", str(Path(logdir).resolve()), "--json"],
+        [sys.executable, "-c", _CHILD, str(peak_file), module, "diagnose", str(Path(logdir).resolve()), "--json"],
         cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -180,8 +192,7 @@ def chart(result: dict, path: Path) -> None:
 def main(args) -> int:
     out = Path(args.out)
     code = Path(args.code).resolve() if args.code else None
-    if code is not None and not (code / "train" / "diagnose").is_dir():
-        raise UserError(f"--code {args.code}: not a checkout of this project (no diagnose/ in it).")
+    _code(code)  # a folder that holds no diagnose is refused before anything is measured
 
     def stop(signum, _frame):
         raise Stopped(f"bench-diagnose stopped by signal {signum}; nothing written", 128 + signum)
@@ -229,7 +240,7 @@ def _run(args, out: Path, code: Path | None) -> dict:
     loads = [s["load"] for row in profiles for s in row["samples"]]
     return {
         "cpu": machine.cpu_model(),
-        "code": str(code or files.PROJECT_ROOT),
+        "code": str(_code(code)[0]),
         "rounds": args.rounds,
         "load": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
         "profiles": profiles,
