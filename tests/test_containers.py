@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from train import lint
+from train.cli import lint
 
 ROOT = Path(__file__).resolve().parents[1]
 

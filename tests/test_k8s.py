@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, data_sets, run_cli
-from train import lint
+from train.cli import k8s, lint
 from train.core.errors import UserError
-from train.training import checkpoint, cluster, k8s
+from train.training import checkpoint, cluster
 from train.training.launch import free_ports
 
 NAMESPACE = "default"

@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 from train.config import DataConfig
-from train.core import files
 from train.core.errors import UserError, did_you_mean
 from train.shards.catalog import SOURCES, data_command, locate, prepare, register_source, remove_incomplete
 from train.shards.spec import DatasetSpec
@@ -22,19 +21,10 @@ from train.shards.spec import DatasetSpec
 __all__ = ["SOURCES", "DatasetSpec", "data_command", "locate", "prepare", "register_source", "remove_incomplete"]
 
 
-def _builtin(package: str):
-    """A dataset package of the project's data/ folder, importable from any working directory."""
-    import importlib
-    import sys
-
-    root = str(files.PROJECT_ROOT)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return importlib.import_module(f"data.{package}")
-
-
 def _synthetic_config(data: DataConfig):
-    return _builtin("synthetic_shapes").config_for(data.image_size, data.num_train, data.num_val, data.num_shards)
+    from data import synthetic_shapes  # the project's data/ package, installed with it
+
+    return synthetic_shapes.config_for(data.image_size, data.num_train, data.num_val, data.num_shards)
 
 
 def _synthetic_dir(data: DataConfig, argument: str) -> Path:
@@ -44,7 +34,9 @@ def _synthetic_dir(data: DataConfig, argument: str) -> Path:
 def _synthetic_prepare(data: DataConfig, argument: str, target: Path) -> None:
     import tensorflow_datasets as tfds
 
-    builder = _builtin("synthetic_shapes").Builder(config=_synthetic_config(data), data_dir=data.data_dir)
+    from data import synthetic_shapes
+
+    builder = synthetic_shapes.Builder(config=_synthetic_config(data), data_dir=data.data_dir)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=data.num_shards))
 
 

@@ -58,37 +58,54 @@ def benchmark_options(args):
     )
 
 
-def _benchmark(module: str, args) -> int:
-    """Run train.benchmarks.<module>.main(options), TensorFlow imported without its start-up log."""
-    import importlib
-
+def _options_with_tensorflow(args):
+    """The command's typed options (every argument error first), then TensorFlow imported without its start-up
+    log: each command below imports its module after this."""
     opts = benchmark_options(args)
     import_tensorflow()
-    return importlib.import_module(f"train.benchmarks.{module}").main(opts)
+    return opts
 
 
 def cmd_compare(args) -> int:
-    return _benchmark("compare", args)
+    opts = _options_with_tensorflow(args)
+    from train.benchmarks import compare
+
+    return compare.main(opts)
 
 
 def cmd_bench(args) -> int:
-    return _benchmark("bench", args)
+    opts = _options_with_tensorflow(args)
+    from train.benchmarks import bench
+
+    return bench.main(opts)
 
 
 def cmd_bench_check(args) -> int:
-    return _benchmark("check", args)
+    opts = _options_with_tensorflow(args)
+    from train.benchmarks import check
+
+    return check.main(opts)
 
 
 def cmd_ladder(args) -> int:
-    return _benchmark("ladder", args)
+    opts = _options_with_tensorflow(args)
+    from train.benchmarks import ladder
+
+    return ladder.main(opts)
 
 
 def cmd_tune(args) -> int:
-    return _benchmark("tune", args)
+    opts = _options_with_tensorflow(args)
+    from train.benchmarks import tune
+
+    return tune.main(opts)
 
 
 def cmd_sweep(args) -> int:
-    return _benchmark("sweep", args)
+    opts = _options_with_tensorflow(args)
+    from train.benchmarks import sweep
+
+    return sweep.main(opts)
 
 
 def _add_benchmark_commands(commands) -> None:

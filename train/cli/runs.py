@@ -79,7 +79,7 @@ def cmd_launch(args) -> int:
 
 
 def cmd_k8s(args) -> int:
-    from train.training import k8s
+    from train.cli import k8s
 
     return k8s.main(args)
 
@@ -100,7 +100,7 @@ def _k8s_parser(commands) -> None:
 
 
 def cmd_lint(args) -> int:
-    from train import lint
+    from train.cli import lint
 
     return lint.main(args.dockerfile, args.compose_file, args.code)
 

@@ -111,7 +111,7 @@ def kubernetes_manifests(versions: tuple[str, ...] = KUBERNETES_VERSIONS) -> lis
     import kubernetes_validate
     from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
 
-    from train.training import k8s
+    from train.cli import k8s
 
     variants = {
         "templates": k8s.load_templates(),

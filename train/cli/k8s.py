@@ -8,7 +8,7 @@ loads them as YAML, sets the values that must agree with each other (a Job's com
 parallelism and TRAINER_WORKERS; the dispatcher's address in the trainer's command and the
 data service's presence) and writes them to --out for `kubectl apply -f`. No template
 language, no network: PyYAML and the files. `make lint` validates the result against the
-Kubernetes API schemas (train/lint.py).
+Kubernetes API schemas (train/cli/lint.py).
 """
 
 from __future__ import annotations
