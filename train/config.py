@@ -19,6 +19,10 @@ import yaml
 from train.core import files
 from train.core.errors import UserError, did_you_mean
 
+# pipeline.transforms: what augmentation may do (train/input/augment.py), and the default, right for photos
+TRANSFORMS = ("flip_left_right", "flip_up_down", "shift")
+PHOTO_TRANSFORMS = ("flip_left_right", "shift")
+
 Auto = Literal["auto"]
 
 
@@ -66,10 +70,14 @@ class PipelineConfig:
     shuffle_before_decode: Union[bool, Auto] = "auto"
     batch_size: int = 256  # per replica; the global batch is batch_size x replicas
     drop_remainder: bool = True  # static batch shape for XLA and for even replicas
-    # python: numpy in the generator; per_example: a map before batch; batched: one vectorized map per
-    # batch; device: Keras layers at the start of the model, on the accelerator; auto: device where a GPU
-    # exists, batched elsewhere.
+    # Where augmentation runs. python: numpy in the generator; per_example: a map before batch; batched: one
+    # vectorized map per batch; device: a Keras layer at the start of the model, on the accelerator; auto:
+    # device where a GPU exists, batched elsewhere; none.
     augment: Literal["auto", "none", "python", "per_example", "batched", "device"] = "batched"
+    # What augmentation does, each drawn per example (train/input/augment.py): flip_left_right, flip_up_down,
+    # shift (vertically, up to 1/16 of the height). The default is right for photos; flip_up_down is not
+    # (a sky below, a 6 read as a 9). [] augments nothing.
+    transforms: list[str] = field(default_factory=lambda: list(PHOTO_TRANSFORMS))
     prefetch: Union[int, Auto] = "auto"  # batches prepared ahead of the model; 0 turns it off
     autotune: bool = True  # let tf.data tune parallelism and buffer sizes
     private_threadpool_size: int = 0  # 0 uses TensorFlow's shared inter-op pool
@@ -162,6 +170,8 @@ class Config:
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if origin is Literal:
         return " or ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
@@ -173,6 +183,8 @@ def _type_name(tp: Any) -> str:
 
 def _matches(value: Any, tp: Any) -> bool:
     origin = typing.get_origin(tp)
+    if origin is list:
+        return isinstance(value, list) and all(_matches(item, typing.get_args(tp)[0]) for item in value)
     if origin is Literal:
         return any(value == a and type(value) is type(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
@@ -277,6 +289,9 @@ def _check_data(d: DataConfig, need) -> None:
 
 def _check_pipeline(p: PipelineConfig, need) -> None:
     need(p.batch_size >= 1, "pipeline.batch_size", p.batch_size, ">= 1")
+    unknown = [name for name in p.transforms if name not in TRANSFORMS]
+    need(not unknown, "pipeline.transforms", p.transforms, f"a list of {', '.join(TRANSFORMS)} (not {unknown})")
+    need(len(set(p.transforms)) == len(p.transforms), "pipeline.transforms", p.transforms, "without repeats")
     for key in ("parallel_reads", "parallel_calls"):
         value = getattr(p, key)
         need(value == "auto" or value >= 1, f"pipeline.{key}", value, "'auto' or >= 1")
