@@ -46,7 +46,7 @@ OPTIMIZED = ROOT / "configs/optimized.yaml"
 GPU_PATH = ["train.precision=mixed_float16", "train.jit_compile=true"]
 # Two profiled epochs of 8 steps: of a narrow resnet (BatchNorm under mixed precision) in `make test`, and of
 # the tiny model in the fast tests (XLA compiles its step in a third of the CPU time).
-PROFILED = SHORT_RUN + PROFILE_EARLY + ["model.width=8"]
+PROFILED = SHORT_RUN + PROFILE_EARLY + ["model.name=resnet", "model.width=8"]
 PROFILED_TINY = SHORT_RUN + PROFILE_EARLY + ["model.name=tiny", "model.width=8"]
 
 
@@ -114,8 +114,8 @@ def run_stopped_at(monkeypatch, cfg, step: int) -> Stopped:
     """Train `cfg` until SIGTERM at `step` stops it; the Stopped error it ends with."""
 
     class Interrupted(fit_loop.Callbacks):
-        def __init__(self, setup, done_steps, history, log):
-            super().__init__(setup, done_steps, history, log)
+        def __init__(self, setup, done_steps, history, log, val_ds):
+            super().__init__(setup, done_steps, history, log, val_ds)
             self.all.insert(0, SigtermAt(step, done_steps))
 
     with monkeypatch.context() as patch:
