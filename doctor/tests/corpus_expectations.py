@@ -25,7 +25,7 @@ busy host or a throttled container does it); `--flips` prints, per case, how man
 have another first cause than the planted one and how many disagree with the record, and writes nothing.
 
 `--fixes` prints, for the cases with a fixed pipeline, the first fix's estimated gain and the gain
-per example measured on the fixed pipeline's profiles (the README's table). Profiles already under
+per example measured on the fixed pipeline's profiles (the table in docs/figures.md). Profiles already under
 ROOT/round_N/ are reused, so rounds made at different times (quiet, and
 under another process's load) can be pooled. The gain band is the observed range of the share of
 step time the first fix removes, widened by TOLERANCE points or the factor RATIO, whichever is

@@ -2,7 +2,7 @@
 
 Plain tf.data + Keras: nothing here imports this project's input pipeline. Each case builds
 `(dataset, model)` from files made by `make_files`; `profile` trains it and profiles about ten
-steps with the project's step-marker callback (what the README teaches), or with the stock
+steps with the doctor's step-marker callback (what the README teaches), or with the stock
 Keras TensorBoard callback. The diagnosis must find each cause in the profile alone: the
 tests pass it a log folder, never a case name.
 """
@@ -515,7 +515,7 @@ ALL.update(STRUCTURAL)
 ALL.update(FLIPS)
 
 
-# ---- custom training loops, and the corpus as scripts a user runs (python -m train profile -- python ...) ---------
+# ---- custom training loops, and the corpus as scripts a user runs (step-doctor profile -- python ...) ---------
 # Run as a script: `python tests/user_pipelines.py CASE FILES_DIR [--steps N] [--times FILE]` trains one case with
 # nothing of this project imported and no profiler or step-marker code: what `profile` must capture from outside.
 

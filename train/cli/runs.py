@@ -158,8 +158,8 @@ def add_service_parsers(commands) -> None:
 
     lint = commands.add_parser(
         "lint",
-        help="check the code (ruff), Dockerfile (hadolint), docker-compose.yml (Compose v2) and the Kubernetes "
-        "manifests (kubernetes-validate), offline",
+        help="check the code (ruff, import-linter), Dockerfile (hadolint), docker-compose.yml (Compose v2), the "
+        "Kubernetes manifests (kubernetes-validate) and the docs (mkdocs build --strict), offline",
     )
     lint.add_argument("--dockerfile", default="Dockerfile")
     lint.add_argument("--compose-file", default="docker-compose.yml")

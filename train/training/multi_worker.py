@@ -23,7 +23,7 @@ that the others have left.
 
 Start local workers with `python -m train launch` (launch.py); on Kubernetes, TF_CONFIG comes
 from the pod's index (cluster.py, deploy/k8s/); elsewhere run `python -m train fit ...` on each
-host with TF_CONFIG set (see README).
+host with TF_CONFIG set (see docs/scaling-out.md).
 """
 
 from __future__ import annotations

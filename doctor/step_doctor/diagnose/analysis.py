@@ -38,7 +38,7 @@ STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
 }
 INPUT_BOUND_HIGH = 20.0  # xprof's own threshold: "HIGHLY" input-bound
 # xprof's conversion holds the whole profile in memory: measured here 0.2 s and 20 MB of memory per MB of
-# profile, 0.7 s at the least (tests/test_diagnose_scale.py; README "diagnose at scale"). Above this size its
+# profile, 0.7 s at the least (tests/test_diagnose_scale.py; docs/doctor.md, "diagnose at scale"). Above this size its
 # breakdown would cost more than the rest of the analysis: skipped.
 XPROF_MAX_MB = 8.0
 # Past this size TensorBoard's Profile tab needs several GB of memory to open the profile (20-30 GB per GB,
