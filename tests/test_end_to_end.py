@@ -123,6 +123,7 @@ def test_bad_config_key_is_one_paragraph_not_a_traceback():
     assert "Did you mean 'batch_size'" in result.stderr and result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_missing_dataset_names_the_exact_command(tmp_path):
     result = run_cli("fit", "--config", "configs/naive.yaml", "--set", f"data.data_dir={tmp_path}", timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr

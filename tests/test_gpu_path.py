@@ -146,6 +146,7 @@ def assert_profiled(summary: dict) -> None:
     assert profile["step_time_ms"] and summary["input_bound_percent"] is not None
 
 
+@pytest.mark.slow
 def test_mixed_float16_and_xla_train_with_loss_scaling_and_a_profile(tiny_sets, monkeypatch):
     models = built_models(monkeypatch)
     cfg = config.load(OPTIMIZED, tiny_sets + PROFILED_TINY + GPU_PATH)
@@ -165,6 +166,7 @@ def test_mixed_float16_and_xla_train_with_loss_scaling_and_a_profile(tiny_sets, 
     assert saved["choices"]["jit_compile"] is True and saved["weights_sha256"] == summary["weights_sha256"]
 
 
+@pytest.mark.slow
 def test_deterministic_mode_records_that_xla_is_off(tiny_sets, monkeypatch):
     models = built_models(monkeypatch)
     cfg = config.load(OPTIMIZED, tiny_sets + PROFILED_TINY + GPU_PATH + ["train.deterministic=true", "train.epochs=1"])
