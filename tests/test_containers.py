@@ -24,12 +24,9 @@ def cli_commands() -> set[str]:
 
 
 def doctor_commands() -> set[str]:
-    import argparse
-
     from step_doctor import cli
 
-    actions = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    return set(actions[0].choices)
+    return cli.subcommands(cli.build_parser())
 
 
 def test_hadolint_finds_nothing():

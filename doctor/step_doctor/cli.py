@@ -147,8 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def subcommands(parser: argparse.ArgumentParser) -> set[str]:
+    """The commands a parser offers (the Makefile and docker-compose.yml may only use these)."""
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(actions[0].choices)
+
+
+def run(args, failures: dict[type, int] | None = None) -> int:
+    """Run the parsed command: a UserError (or one of `failures`) is one paragraph and its exit status, a stop
+    request one line and 128 + its signal, never a traceback."""
     try:
         return args.func(args)
     except UserError as error:
@@ -160,3 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except tuple(failures or ()) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return failures[type(error)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
