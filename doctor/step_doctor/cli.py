@@ -86,6 +86,12 @@ def _profile_parsers(commands) -> None:
     profile.add_argument(
         "--chown", metavar="UID:GID", help="hand the files written as root back to this user (the Docker service)"
     )
+    profile.add_argument(
+        "--unsafe-multi-worker",
+        action="store_true",
+        help="capture MultiWorkerMirroredStrategy workers even where the fix for TensorFlow's profiler crash cannot "
+        "load (no C++ compiler, an unchecked TensorFlow): on TensorFlow 2.21 8 of 35 such two-worker runs died",
+    )
     profile.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND")
     profile.set_defaults(func=cmd_profile)
 

@@ -47,7 +47,15 @@ def main(args) -> int:
         flush=True,
     )
     started = time.time()
-    child, sampler = runner.run(command, logdir, steps, args.seconds, args.json, name=runner.script_name(command))
+    child, sampler = runner.run(
+        command,
+        logdir,
+        steps,
+        args.seconds,
+        args.json,
+        name=runner.script_name(command),
+        unsafe_multi_worker=args.unsafe_multi_worker,
+    )
     try:
         return _report(args, child, sampler, logdir, shown)
     finally:
