@@ -125,7 +125,7 @@ export function diagnosisBody(state) {
     breakdown(diagnosis.profile),
     figures(diagnosis),
     lists(diagnosis),
-    h("details", { class: "text" }, h("summary", {}, "As `step-doctor diagnose` prints it"), h("pre", {}, state.text)),
+    h("details", { class: "text" }, h("summary", {}, prose("As `step-doctor diagnose` prints it")), h("pre", {}, state.text)),
   ];
 }
 

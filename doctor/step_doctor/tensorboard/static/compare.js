@@ -2,7 +2,7 @@
 // a user picks, each with its diagnosis.
 
 import * as api from "./api.js";
-import { anchor, h, ms, number, prose } from "./dom.js";
+import { anchor, h, ms, number } from "./dom.js";
 
 function firstFix(diagnosis) {
   const first = (diagnosis.recommendations || [])[0];
@@ -91,9 +91,7 @@ function recommendationsColumn(diagnosis) {
   return h(
     "ol",
     {},
-    items.map((item) =>
-      h("li", {}, h("strong", {}, item.title), ` (${number(item.estimated_gain, 2)}x): `, prose(item.fix)),
-    ),
+    items.map((item) => h("li", {}, item.title, h("span", { class: "tag gain" }, `${number(item.estimated_gain, 2)}x`))),
   );
 }
 
@@ -104,9 +102,6 @@ async function pairTable(first, second, slot) {
     const failed = states.find((state) => state.state === "failed");
     if (failed) throw new Error(`${failed.run}: ${failed.error}`);
     const diagnoses = states.map((state) => state.diagnosis);
-    const a = diagnoses[0].profile?.step_time_ms;
-    const b = diagnoses[1].profile?.step_time_ms;
-    const ratio = a && b ? h("p", {}, `Step time ${second} / ${first}: ${number(b / a, 2)}x.`) : null;
     slot.replaceChildren(
       h(
         "table",
@@ -121,7 +116,6 @@ async function pairTable(first, second, slot) {
           h("tr", {}, h("th", {}, "recommendations"), diagnoses.map((d) => h("td", {}, recommendationsColumn(d)))),
         ),
       ),
-      ratio,
     );
   } catch (error) {
     slot.replaceChildren(h("p", { class: "error" }, error.message));
