@@ -152,6 +152,8 @@ async function load(item, body) {
   }
 }
 
+const PROFILE_TAB_HEAVY_MB = 100; // above this, opening it in the Profile tab takes GBs (diagnose/analysis.py)
+
 function links(item) {
   const to = api.profileLinks(item);
   return h(
@@ -160,6 +162,9 @@ function links(item) {
     h("a", { href: to.tab, target: "_top" }, "Profile tab"),
     " · ",
     h("a", { href: to.page, target: "_blank", rel: "noopener" }, `input pipeline of ${item.profile_run}`),
+    item.size_mb >= PROFILE_TAB_HEAVY_MB
+      ? h("span", { class: "muted" }, ` (the Profile tab loads the whole ${megabytes(item.size_mb)}: 20-30 GB of memory per GB)`)
+      : null,
   );
 }
 
