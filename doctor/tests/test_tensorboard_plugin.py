@@ -173,6 +173,24 @@ def test_a_name_the_walk_did_not_find_is_a_404(logs, tmp_path, name):
     assert absolute.status_code == 404
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "/run?run=%2e%2e%2fsolo",  # decodes to ../solo
+        "/run?run=%2E%2E/%2E%2E/etc",
+        "/run?run=solo%2F..%2F..%2Foutside",
+        "/report.png?folder=%2e%2e",
+        "/../../../etc/passwd",
+        "/..%2f..%2fplugin.py",
+        "/static/../plugin.py",
+        "/loader.py",
+    ],
+)
+def test_encoded_names_and_paths_out_of_the_tab_are_a_404(logs, raw):
+    _, client = app(logs)
+    assert client.get(ROUTE + raw).status_code == 404
+
+
 def test_links_never_lead_out_of_the_log_folder(logs, tmp_path):
     outside = tmp_path / "outside"
     tab_logs.profile(outside / "run")
@@ -243,6 +261,10 @@ def test_is_active_is_a_bounded_walk_whose_yes_is_kept(tmp_path, monkeypatch):
     tab_logs.profile(empty / "late")
     assert not tab.is_active()  # a "no" is rechecked only every INACTIVE_RECHECK_S
     monkeypatch.setattr(plugin, "INACTIVE_RECHECK_S", 0.0)
+    tab.is_active()  # looks again, in the background
+    deadline = time.monotonic() + 10
+    while not tab.is_active() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert tab.is_active()
     shutil.rmtree(empty / "late")
     monkeypatch.setattr(discovery, "has_any", lambda *a, **k: pytest.fail("a yes is not checked again"))

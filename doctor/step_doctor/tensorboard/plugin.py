@@ -43,6 +43,7 @@ class DiagnosePlugin(base_plugin.TBPlugin):
         self._scanned_at = float("-inf")
         self._active = False
         self._checked_at = float("-inf")
+        self._checking = threading.Lock()
         self._usage: dict[tuple, dict] = {}
 
     def get_plugin_apps(self):
@@ -59,13 +60,24 @@ class DiagnosePlugin(base_plugin.TBPlugin):
         return apps
 
     def is_active(self) -> bool:
+        """Whether the log folder holds a profile or a compare report. The first answer is looked up here; a
+        "no" is looked up again in the background (a walk of a large folder that holds neither takes up to
+        half a second), so /data/plugins_listing never waits on it; a "yes" is kept."""
         if self._active or self._root is None:
             return self._active
         now = time.monotonic()
-        if now - self._checked_at >= INACTIVE_RECHECK_S:
+        if self._checked_at == float("-inf"):
             self._checked_at = now
             self._active = discovery.has_any(self._root)
+        elif now - self._checked_at >= INACTIVE_RECHECK_S and not self._checking.locked():
+            self._checked_at = now
+            threading.Thread(target=self._recheck, name="step-doctor-is-active", daemon=True).start()
         return self._active
+
+    def _recheck(self) -> None:
+        with self._checking:
+            if discovery.has_any(self._root):
+                self._active = True
 
     def frontend_metadata(self):
         return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="Diagnose", disable_reload=True)
