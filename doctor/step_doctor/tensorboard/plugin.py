@@ -157,7 +157,10 @@ class DiagnosePlugin(base_plugin.TBPlugin):
         if run is None:
             return self._missing(request, "run")
         files = utilization.event_files(run.folder, self._root)
-        key = (run.name,) + tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+        try:  # the sampler may still be appending: a new size or mtime reads the files again
+            key = (run.name,) + tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+        except OSError:  # removed since they were listed
+            return self._missing(request, "utilization record")
         if key not in self._usage:
             self._usage = {k: v for k, v in self._usage.items() if k[0] != run.name}
             self._usage[key] = utilization.of_run(run.folder, self._root)
