@@ -91,7 +91,7 @@ diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (L
 bench-diagnose: setup ## Wall time and peak RSS of diagnose against profile size, 1 MB to 1 GB -> runs/bench-diagnose/bench.{json,png}
 	$(PY) -m step_doctor bench-diagnose $(ARGS)
 
-tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (LOGDIR=, PORT=)
+tensorboard: setup ## Serve runs/ with the Diagnose and Profile tabs on http://127.0.0.1:6006 (LOGDIR=, PORT=)
 	$(PY) -m train tensorboard --logdir $(or $(LOGDIR),runs) --port $(PORT) $(ARGS)
 
 # Each product tests itself: the template's tests (tests/), then the doctor's (doctor/tests/, run from doctor/).
