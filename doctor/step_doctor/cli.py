@@ -33,6 +33,10 @@ def cmd_profile(args) -> int:
 
 
 def cmd_bench_profile(args) -> int:
+    if args.multi_worker is not None:
+        from step_doctor.profile import survival
+
+        return survival.main(args)
     from step_doctor.profile import bench
 
     return bench.main(args)
@@ -102,6 +106,13 @@ def _profile_parsers(commands) -> None:
     bench.add_argument("--case", default="tiny_batch", help="the corpus case (default: %(default)s)")
     bench.add_argument("--steps", type=int, default=3000, help="training steps per trial (default: %(default)s)")
     bench.add_argument("--out", default="runs/bench-profile", help="output folder (default: %(default)s)")
+    bench.add_argument(
+        "--multi-worker",
+        type=int,
+        metavar="N",
+        help="instead: run the two-worker corpus script N times under profile and N times alone, and count the "
+        "runs in which a worker died",
+    )
     bench.set_defaults(func=cmd_bench_profile)
 
 

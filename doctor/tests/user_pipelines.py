@@ -606,6 +606,7 @@ def multi_worker_generator(files, steps=40, workers=2):
             children.append(subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "TF_CONFIG": config}))
         try:
             codes = [child.wait(timeout=300) for child in children]
+            print("workers ended:", *codes, file=sys.stderr, flush=True)  # negative: killed by that signal
         finally:
             for child in children:
                 if child.poll() is None:
