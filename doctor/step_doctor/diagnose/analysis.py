@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xspace
+from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xla, xspace
 from step_doctor.diagnose.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
 
 STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
@@ -110,7 +110,7 @@ def analyze_session(session: Path) -> dict:
         said["errors"] += [e for e in trace.space.errors if e not in said["errors"]]
         said["warnings"] += [w for w in trace.space.warnings if w not in said["warnings"]]
         try:
-            found = step_windows.find(trace)
+            found = xla.without_warm_up(trace, step_windows.find(trace))
             if wait is None and found is not None:
                 steps, wait = found, input_wait.analyze(trace, found)  # streams the device planes too
                 planes_say = _hardware(trace.space)
@@ -148,7 +148,7 @@ _SKIPPED_XPROF = (
     "xprof's own step breakdown (its step time, input, host and device compute, launch, compile and copy times, "
     "conclusion and diagnostics): its converter reads the whole {mb:,.0f} MB profile into memory (about 20 MB of "
     "memory and 0.2 s per MB of profile), more than the rest of the analysis costs. The figures here come from the "
-    "trace itself; compile time is not measured."
+    "trace itself."
 )
 
 
@@ -188,8 +188,12 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
         has_markers = bool(steps) and steps.source == step_windows.MARKERS and bool(wait.get("measured"))
     measured = bool(wait.get("measured"))
     device = wait.get("device") if measured else None
-    if xprof and has_markers:
-        figures = xprof["figures"]
+    warm_up = measured and bool((wait.get("xla") or {}).get("warm_up"))
+    if xprof and has_markers and not warm_up:  # xprof's figures count the warm-up steps left out here
+        figures = dict(xprof["figures"])
+        if measured and wait.get("compile_ms"):  # xprof never classifies a TensorFlow host event as compile
+            figures["compile_ms"] = wait["compile_ms"]
+            figures["host_compute_ms"] = round(max(figures["host_compute_ms"] - wait["compile_ms"], 0.0), 3)
     elif measured:  # no step xprof can see, or xprof not run: the breakdown of the steps, from the trace
         figures = dict.fromkeys(STEP_FIELDS, 0.0)
         figures.update(
@@ -197,6 +201,7 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
             input_ms=wait["input_ms"],
             host_compute_ms=wait["host_compute_ms"] if device else wait["compute_ms"],
             other_ms=round(wait["overhead_ms"] + (wait.get("stall_ms") or 0.0), 3),  # a stall is "other" here too
+            compile_ms=wait.get("compile_ms") or 0.0,
         )
         if device:
             figures.update(
@@ -216,7 +221,7 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
     return {
         "hardware_type": hardware,
         "has_step_markers": has_markers,
-        "steps": len(xprof["steps"]) if xprof and has_markers else (wait.get("steps") or 0),
+        "steps": len(xprof["steps"]) if xprof and has_markers and not warm_up else (wait.get("steps") or 0),
         **figures,
         "input_bound_percent": input_share,
         "xprof_input_percent": 100 * xprof["figures"]["input_ms"] / xprof_step if xprof and has_markers else None,

@@ -304,6 +304,29 @@ class XSpaceFile:
             self._line_header(line)
         return plane
 
+    def metadata_stats(self, plane: Plane, wanted: set[str]) -> Iterator[tuple[str, dict]]:
+        """(event name, {stat name: value}) of each event metadata of the plane that carries one of the `wanted` stats,
+        read again from the file an entry at a time: a Plane keeps names only (the HloProto that /host:metadata
+        holds for each XLA executable is tens of KB)."""
+        ids = {i for i, name in plane.stat_names.items() if name in wanted}
+        if not ids:
+            return
+        for number, wire, _, size, data in self._fields(plane.offset, plane.offset + plane.length, {4}):
+            if number != 4 or wire != 2 or data is None:
+                continue
+            try:
+                entry = MESSAGES["XPlane"].FromString(encode_varint(4 << 3 | 2) + encode_varint(size) + data)
+            except Exception as error:  # upb raises DecodeError on damaged bytes
+                raise XSpaceError(f"an event metadata of plane {plane.index} is unreadable ({error})") from None
+            for meta in entry.event_metadata.values():
+                found = {
+                    plane.stat_names[stat.metadata_id]: stat_value(stat, plane.stat_names)
+                    for stat in meta.stats
+                    if stat.metadata_id in ids
+                }
+                if found:
+                    yield _text(meta.name), found
+
     def _line_header(self, line: Line) -> None:
         """The fields before the first event: id, name, timestamp (writers put them first: field order)."""
         for number, wire, at, size, data in self._fields(line.offset, line.offset + line.length, {2, 11}):
