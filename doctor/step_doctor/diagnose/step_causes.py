@@ -126,6 +126,8 @@ def recompilation(wait: dict, causes: Causes) -> None:
         return
     step, compile_ms, each = working_step(wait), wait["compile_ms"], xla["compile_each_ms"]
     shapes = xla["shapes"] or xla["compiles"]
+    ran = xla.get("ran_shapes") or []
+    examples = f"; the steps ran it compiled for {', '.join(ran[:4])}{', ...' if len(ran) > 4 else ''}" if ran else ""
     process = f"; {xla['executables']} executables of the step in the process so far" if xla["executables"] else ""
     causes.add(
         "recompilation",
@@ -133,7 +135,7 @@ def recompilation(wait: dict, causes: Causes) -> None:
         compile_ms,
         f"the step is compiled again for every new shape: {xla['compiles']} compiles of {shapes} distinct shapes in "
         f"{xla['steps']} steps, {ms(each)} each; compiling takes {ms(compile_ms)} of the {ms(step)} step "
-        f"({pct(compile_ms, step)}){process}",
+        f"({pct(compile_ms, step)}){examples}{process}",
         STATIC_SHAPES,
         f"Estimate: the compile time measured in these steps removed, as with a fixed set of shapes compiled once each "
         f"(one compile of {ms(each)} per bucket at the start); padding to a bucket's boundary adds some compute, which "

@@ -37,6 +37,7 @@ MIN_STEADY = 2  # warm-up steps are left out only where at least this many steps
 METADATA = "/host:metadata"
 HLO_PROTO = "Hlo Proto"
 SHOWN = 6  # compiled shapes listed
+NONE = {"executables": 0, "modules": 0, "compiled_shapes": [], "shapes_of": {}}
 
 
 def _disjoint(spans) -> list[tuple[float, float]]:
@@ -161,29 +162,66 @@ def without_warm_up(trace: HostTrace, steps: Steps | None) -> Steps | None:
     )
 
 
-def executables(space: xspace.XSpaceFile) -> dict:
-    """The XLA executables alive in the process when the capture ended, and the input shapes they were compiled for."""
+def _programs(trace: HostTrace, windows) -> dict[int, str]:
+    """The XLA programs run in the windows: {program id: HLO module}. The run's own event carries no stat; the first
+    HLO op inside it does (program_id, hlo_module), so only that one event of each run is parsed."""
+    runs = defaultdict(list)
+    for event in trace.xla_runs:
+        if any(lo <= event.ts < hi for lo, hi in windows):
+            runs[event.tid].append((event.ts, event.end))
+    found: dict[int, str] = {}
+    for tid, spans in runs.items():
+        line = trace.space.planes[tid[0]].lines[tid[1]]
+        names = line.plane.stat_names
+        if not {"program_id", "hlo_module"} <= set(names.values()):
+            continue
+        starts, ends = (np.array(p) for p in zip(*sorted(spans)))
+        pending, base_ps = set(range(len(starts))), line.timestamp_ns * 1000
+        for block in trace.space.events(line):
+            ts = (base_ps + block.offset_ps) / 1e6
+            at = np.searchsorted(starts, ts, side="right") - 1
+            inside = np.flatnonzero((at >= 0) & (ts > starts[np.maximum(at, 0)]) & (ts < ends[np.maximum(at, 0)]))
+            for k, raw in zip(inside.tolist(), block.stats(inside)):
+                if int(at[k]) not in pending or not raw:
+                    continue
+                stats = {names.get(x.metadata_id): xspace.stat_value(x, names) for x in xspace.parse_event(raw).stats}
+                if "program_id" in stats and "hlo_module" in stats:
+                    found[int(stats["program_id"])] = str(stats["hlo_module"])
+                    pending.discard(int(at[k]))
+            if not pending:
+                break
+    return found
+
+
+def executables(space: xspace.XSpaceFile, modules: set[str]) -> dict:
+    """The XLA executables alive in the process when the capture ended, of the HLO modules the steps ran or compiled
+    (else of the module with the most), and the input shapes each was compiled for (by program id)."""
     planes = [p for p in space.planes if p.name == METADATA]
-    names = [name for p in planes for name in p.event_names.values() if XLA_EXECUTABLE.match(name)]
-    if not names:
-        return {"executables": 0, "modules": 0, "compiled_shapes": []}
-    modules = defaultdict(list)
+    by_module = defaultdict(list)
+    for plane in planes:
+        for name in plane.event_names.values():
+            found = XLA_EXECUTABLE.match(name)
+            if found:
+                by_module[found.group(1)].append(int(found.group(2)))
+    if not by_module:
+        return dict(NONE)
+    mine = (modules & set(by_module)) or {max(by_module, key=lambda m: len(by_module[m]))}  # (an XLA with no stats)
+    shapes = {}
     for plane in planes:
         for name, stats in space.metadata_stats(plane, {HLO_PROTO}):
             found = XLA_EXECUTABLE.match(name)
-            if found and isinstance(stats.get(HLO_PROTO), bytes):
+            if found and found.group(1) in mine and isinstance(stats.get(HLO_PROTO), bytes):
                 try:
-                    modules[found.group(1)].append((int(found.group(2)), hlo.parameter_shapes(stats[HLO_PROTO])))
+                    shapes[int(found.group(2))] = hlo.parameter_shapes(stats[HLO_PROTO])
                 except hlo.HloError:
                     continue
-    shapes = []
-    if modules:  # the module compiled most often: the training step's
-        compiled = sorted(max(modules.values(), key=len))
-        shapes = hlo.varying([s for _, s in compiled])
+    programs = sorted(shapes)
+    varying = hlo.varying([shapes[p] for p in programs])
     return {
-        "executables": len(names),
-        "modules": len({XLA_EXECUTABLE.match(n).group(1) for n in names}),
-        "compiled_shapes": sorted(set(shapes), key=shapes.index),
+        "executables": sum(len(by_module[m]) for m in mine),
+        "modules": len(by_module),
+        "compiled_shapes": sorted(set(varying), key=varying.index),
+        "shapes_of": dict(zip(programs, varying)),
     }
 
 
@@ -197,12 +235,16 @@ def measure(trace: HostTrace, steps: Steps) -> dict:
     lowering = _per_window(_disjoint(_lowering(trace)), windows) if spans else [0.0] * len(windows)
     run_starts = sorted(e.ts for e in trace.xla_runs)
     runs = sum(bisect.bisect_left(run_starts, hi) - bisect.bisect_left(run_starts, lo) for lo, hi in windows)
-    found = executables(trace.space)
+    programs = _programs(trace, windows)
     compile_steps = sum(1 for us in compile_us if us > 0)
     compiles = max(sum(counts), compile_steps)  # a compile without a RunBackend (another XLA) still compiled once
     warm = _per_window(spans, steps.warm_up)
     warm_compiles = max(sum(_counts(trace, steps.warm_up)), sum(1 for us in warm if us > 0))
-    used = bool(runs or compiles or found["executables"] or steps.warm_up)
+    used = bool(runs or compiles or steps.warm_up)  # executables alone may be another model's, in the same process
+    compiled = {str(e.args["name"]) for e in trace.xla_compiles if e.name in XLA_COMPILE_ONCE and e.args.get("name")}
+    found = executables(trace.space, set(programs.values()) | compiled) if used else dict(NONE)
+    shapes_of = found.pop("shapes_of")
+    ran = [shapes_of[p] for p in sorted(programs) if p in shapes_of]
     return {
         "used": used,
         "runs_per_step": round(runs / n, 2),
@@ -213,8 +255,10 @@ def measure(trace: HostTrace, steps: Steps) -> dict:
         "lowering_each_ms": round(sum(lowering) / compiles / 1e3, 3) if compiles else None,
         "per_step_ms": [round(us / 1e3, 3) for us in compile_us],
         "steps": len(windows),
-        "shapes": len(sizes),  # distinct batch shapes read in the analysed steps (0: the trace does not say)
-        "churn": bool(compiles) and churns(compile_steps, len(sizes), len(windows)),
+        "shapes": len(sizes) or len(programs),  # distinct batch shapes read in the analysed steps (0: not shown)
+        "programs": len(programs),  # distinct executables run in the analysed steps (0: the trace does not say)
+        "ran_shapes": sorted(set(ran), key=ran.index),  # the shapes of those, in the order they were compiled
+        "churn": bool(compiles) and churns(compile_steps, len(sizes) or len(programs), len(windows)),
         "warm_up": {
             "steps": len(steps.warm_up),
             "compiles": warm_compiles,
@@ -257,6 +301,8 @@ def summary(wait: dict) -> str | None:
         )
     if xla["shapes"]:
         parts.append(f"{xla['shapes']} distinct batch shape(s) read")
+    if xla["programs"]:
+        parts.append(f"{xla['programs']} executable(s) run")
     if xla["executables"]:
         parts.append(f"{xla['executables']} executable(s) in the process{_compiled_for(xla)}")
     return "XLA: " + "; ".join(parts)
