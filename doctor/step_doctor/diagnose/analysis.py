@@ -188,12 +188,11 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
         has_markers = bool(steps) and steps.source == step_windows.MARKERS and bool(wait.get("measured"))
     measured = bool(wait.get("measured"))
     device = wait.get("device") if measured else None
-    warm_up = measured and bool((wait.get("xla") or {}).get("warm_up"))
-    if xprof and has_markers and not warm_up:  # xprof's figures count the warm-up steps left out here
-        figures = dict(xprof["figures"])
-        if measured and wait.get("compile_ms"):  # xprof never classifies a TensorFlow host event as compile
-            figures["compile_ms"] = wait["compile_ms"]
-            figures["host_compute_ms"] = round(max(figures["host_compute_ms"] - wait["compile_ms"], 0.0), 3)
+    # XLA compiling in the steps: xprof never classifies a TensorFlow host event as compile (on a CPU it is host
+    # compute; a GPU profile's step time leaves it out), and its figures count the warm-up steps left out here
+    compiled = measured and bool(wait.get("compile_ms") or (wait.get("xla") or {}).get("warm_up"))
+    if xprof and has_markers and not compiled:
+        figures = xprof["figures"]
     elif measured:  # no step xprof can see, or xprof not run: the breakdown of the steps, from the trace
         figures = dict.fromkeys(STEP_FIELDS, 0.0)
         figures.update(
@@ -221,12 +220,12 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
     return {
         "hardware_type": hardware,
         "has_step_markers": has_markers,
-        "steps": len(xprof["steps"]) if xprof and has_markers and not warm_up else (wait.get("steps") or 0),
+        "steps": len(xprof["steps"]) if xprof and has_markers and not compiled else (wait.get("steps") or 0),
         **figures,
         "input_bound_percent": input_share,
         "xprof_input_percent": 100 * xprof["figures"]["input_ms"] / xprof_step if xprof and has_markers else None,
         "device_busy_percent": 100 * figures["device_compute_ms"] / step_ms if step_ms and has_device else None,
-        "conclusion": xprof["conclusion"] if xprof else "",
+        "conclusion": xprof["conclusion"] if xprof and not compiled else "",  # else of figures not shown
         "diagnostics": xprof["diagnostics"] if xprof else [],
     }
 

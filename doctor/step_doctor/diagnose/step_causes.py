@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from step_doctor.diagnose import analysis
+from step_doctor.diagnose import analysis, xla
 from step_doctor.diagnose.recommendation import Causes, ms, pct
 from step_doctor.diagnose.stalls import left_out, working_step
 
@@ -23,7 +23,7 @@ def per_step_overhead(wait: dict, causes: Causes) -> None:
     """Step time that is neither input wait nor the model's ops (nor compiling them): small-batch, else
     per-step-overhead."""
     overhead, batch, step = wait["overhead_ms"], wait.get("batch_size"), working_step(wait)
-    if overhead <= 0:
+    if overhead <= 0 or xla.unseen_compiles(wait):  # what the trace cannot tell from compiling (diagnose/xla.py)
         return
     compiled = " nor compiling them" if wait.get("compile_ms") else ""
     figures = (
@@ -121,20 +121,20 @@ STATIC_SHAPES = (
 
 def recompilation(wait: dict, causes: Causes) -> None:
     """XLA compiling the step again for the new shapes its batches keep bringing (the trace's compile events)."""
-    xla = wait.get("xla") or {}
-    if not xla.get("churn"):
+    seen = wait.get("xla") or {}
+    if not seen.get("churn"):
         return
-    step, compile_ms, each = working_step(wait), wait["compile_ms"], xla["compile_each_ms"]
-    shapes = xla["shapes"] or xla["compiles"]
-    ran = xla.get("ran_shapes") or []
+    step, compile_ms, each = working_step(wait), wait["compile_ms"], seen["compile_each_ms"]
+    shapes = seen["shapes"] or seen["compiles"]
+    ran = seen.get("ran_shapes") or []
     examples = f"; the steps ran it compiled for {', '.join(ran[:4])}{', ...' if len(ran) > 4 else ''}" if ran else ""
-    process = f"; {xla['executables']} executables of the step in the process so far" if xla["executables"] else ""
+    process = f"; {seen['executables']} executables of the step in the process so far" if seen["executables"] else ""
     causes.add(
         "recompilation",
         "The step is compiled again for every new shape",
         compile_ms,
-        f"the step is compiled again for every new shape: {xla['compiles']} compiles of {shapes} distinct shapes in "
-        f"{xla['steps']} steps, {ms(each)} each; compiling takes {ms(compile_ms)} of the {ms(step)} step "
+        f"the step is compiled again for every new shape: {seen['compiles']} compiles of {shapes} distinct shapes in "
+        f"{seen['steps']} steps, {ms(each)} each; compiling takes {ms(compile_ms)} of the {ms(step)} step "
         f"({pct(compile_ms, step)}){examples}{process}",
         STATIC_SHAPES,
         f"Estimate: the compile time measured in these steps removed, as with a fixed set of shapes compiled once each "
