@@ -327,15 +327,15 @@ def _index(trace: HostTrace) -> None:
             trace.executors.append(event)
         elif name == EXECUTE and not event.thread.startswith("tf_data"):
             trace.executions.append(event)
-        elif XLA_RUNS.match(name):
-            trace.xla_runs.append(event)
-        elif XLA_COMPILES.match(name):
-            trace.xla_compiles.append(event)
         elif event.thread.startswith("tf_data"):
             if name.startswith(FUNCTION_CALL):
                 trace.calls.append(event)
             elif event.op:
                 trace.data_ops.append(event)
+        elif XLA_RUNS.match(name):
+            trace.xla_runs.append(event)
+        elif XLA_COMPILES.match(name):
+            trace.xla_compiles.append(event)
 
 
 class _Names:

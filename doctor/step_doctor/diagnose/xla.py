@@ -145,11 +145,11 @@ def unseen_compiles(wait: dict) -> bool:
     return bool(xla.get("used")) and not xla["compiles"] and not xla["warm_up"] and xla["shapes"] > CHURN * xla["steps"]
 
 
-def compile_spans(trace: HostTrace) -> list[tuple[float, float]]:
+def compile_spans(trace: HostTrace, lowering: list | None = None) -> list[tuple[float, float]]:
     """When XLA compiled, disjoint and in order: its compile events and the lowering before them (µs)."""
     if not trace.xla_compiles:
         return []
-    return _disjoint([(e.ts, e.end) for e in trace.xla_compiles] + _lowering(trace))
+    return _disjoint([(e.ts, e.end) for e in trace.xla_compiles] + (_lowering(trace) if lowering is None else lowering))
 
 
 def without_warm_up(trace: HostTrace, steps: Steps | None) -> Steps | None:
@@ -179,9 +179,10 @@ def _outermost(runs: list) -> list:
 def _programs(trace: HostTrace, windows) -> dict[int, str]:
     """The XLA programs run in the windows: {program id: HLO module}. The run's own event carries no stat; the first
     HLO op inside it does (program_id, hlo_module), so only that one event of each run is parsed."""
-    runs = defaultdict(list)
+    runs, starts = defaultdict(list), [lo for lo, _ in windows]
     for event in _outermost(trace.xla_runs):
-        if any(lo <= event.ts < hi for lo, hi in windows):
+        i = bisect.bisect_right(starts, event.ts) - 1
+        if i >= 0 and event.ts < windows[i][1]:
             runs[event.tid].append((event.ts, event.end))
     found: dict[int, str] = {}
     for tid, spans in runs.items():
@@ -189,12 +190,12 @@ def _programs(trace: HostTrace, windows) -> dict[int, str]:
         names = line.plane.stat_names
         if not {"program_id", "hlo_module"} <= set(names.values()):
             continue
-        starts, ends = (np.array(p) for p in zip(*sorted(spans)))
-        pending, base_ps = set(range(len(starts))), line.timestamp_ns * 1000
+        begin, end = (np.array(p) for p in zip(*sorted(spans)))
+        pending, base_ps = set(range(len(begin))), line.timestamp_ns * 1000
         for block in trace.space.events(line):
             ts = (base_ps + block.offset_ps) / 1e6
-            at = np.searchsorted(starts, ts, side="right") - 1
-            inside = np.flatnonzero((at >= 0) & (ts > starts[np.maximum(at, 0)]) & (ts < ends[np.maximum(at, 0)]))
+            at = np.searchsorted(begin, ts, side="right") - 1
+            inside = np.flatnonzero((at >= 0) & (ts > begin[np.maximum(at, 0)]) & (ts < end[np.maximum(at, 0)]))
             for k, raw in zip(inside.tolist(), block.stats(inside)):
                 if int(at[k]) not in pending or not raw:
                     continue
@@ -245,11 +246,12 @@ def executables(space: xspace.XSpaceFile, modules: set[str], ran: set[int]) -> d
 def measure(trace: HostTrace, steps: Steps) -> dict:
     """XLA in the analysed steps (and the warm-up steps left out): JSON-ready, per-step figures in ms."""
     windows, n = steps.windows, max(len(steps.windows), 1)
-    spans = compile_spans(trace)
+    lowered = _lowering(trace) if trace.xla_compiles else []
+    spans = compile_spans(trace, lowered)
     compile_us = _per_window(spans, windows)
     counts = _counts(trace, windows)
     sizes = set().union(*_sizes(trace, windows))
-    lowering = _per_window(_disjoint(_lowering(trace)), windows) if spans else [0.0] * len(windows)
+    lowering = _per_window(_disjoint(lowered), windows)
     run_starts = sorted(e.ts for e in _outermost(trace.xla_runs))
     runs = sum(bisect.bisect_left(run_starts, hi) - bisect.bisect_left(run_starts, lo) for lo, hi in windows)
     programs = _programs(trace, windows)
