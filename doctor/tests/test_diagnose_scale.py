@@ -312,9 +312,9 @@ def test_events_out_of_time_order_give_the_same_figures(tmp_path):
 
 @pytest.fixture(scope="module")
 def gpu_profile(profiles, tmp_path_factory):
-    """The marker capture with one GPU's streams and launches added: about 2 MB."""
+    """The marker capture with one GPU's streams and launches added: 1.6 MB or more (earlier XLA tests grow it)."""
     out = tmp_path_factory.mktemp("gpu") / "plugins" / "profile" / SESSION / "host.xplane.pb"
-    made = diagnose_scale.gpu_shaped(profiles["markers"], out, 2.0)
+    made = diagnose_scale.gpu_shaped(profiles["markers"], out, max(2.0, profiles["markers"].stat().st_size / 1e6 + 1.6))
     assert made["devices"] == 1 and made["kernels_per_step_per_device"] > 100
     return out
 

@@ -18,6 +18,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+try:
+    from tests import xla_pipelines
+except ImportError:  # run as a script (python tests/user_pipelines.py ...): its own folder is on the path
+    import xla_pipelines
+
 SIZE = 64  # what the models train on
 FULL = 384  # the "camera" size of the JPEG files
 CLASSES = 10
@@ -513,6 +518,9 @@ STRUCTURAL = {
 CASES.update(STRUCTURAL)
 ALL.update(STRUCTURAL)
 ALL.update(FLIPS)
+# text classifiers with and without XLA: fixed shapes, and a new shape nearly every batch (tests/xla_pipelines.py)
+CASES.update(xla_pipelines.CASES)
+ALL.update(xla_pipelines.CASES)
 
 
 # ---- custom training loops, and the corpus as scripts a user runs (step-doctor profile -- python ...) ---------
