@@ -320,7 +320,8 @@ def test_a_fixed_shape_xla_pipeline_reads_as_its_steady_state(profiled):
     wait, xla = item["profile"]["input_pipeline"], _xla(item)
     assert xla["used"] and not xla["churn"] and xla["compiles"] == 0 and wait["compile_ms"] == 0.0, xla
     assert xla["programs"] <= 5 and xla["shapes"] <= 5 and xla["runs_per_step"] >= 0.9
-    assert wait["compute_ms"] >= 0.9 * _xla_runs_ms(item) > 0  # the executable's runs are the model's compute
+    # The executable's runs are the model's compute, but for the time the process was descheduled in them (a stall).
+    assert wait["compute_ms"] + (wait.get("stall_ms") or 0.0) >= 0.9 * _xla_runs_ms(item) > 0
     assert len(xla["ran_shapes"]) == xla["programs"] and all(s.startswith("s32[32,") for s in xla["ran_shapes"])
     assert "recompilation" not in {r["cause"] for r in item["recommendations"]}
     notes = " ".join(item["notes"])
