@@ -201,6 +201,8 @@ def blocking_stage(b: Blame) -> None:
 
 
 def python_generator(b: Blame) -> None:
+    if st.token_ids(b.head):
+        return python_tokenization(b, "Dataset.from_generator runs your Python one element at a time")
     b.add(
         "python-generator",
         "Python generator (from_generator) feeds the pipeline",
@@ -215,6 +217,38 @@ def python_generator(b: Blame) -> None:
         f"Estimate: the same work spread over {b.pipeline.cores_note}; TF ops are usually faster than the Python they "
         "replace, so the real gain can be larger. The trace shows time inside Python, not whether that Python "
         "computed or waited on files." + b.counted,
+    )
+
+
+TOKENIZE_ONCE = (
+    "Tokenize once, when the dataset is built, not in every step: adapt a "
+    "`keras.layers.TextVectorization(max_tokens=..., output_mode='int')` on the training split "
+    "(`vectorize.adapt(train_texts)`), write each text's token ids, unpadded, to TFRecord shards "
+    "(`tf.train.Int64List`), and read them with "
+    "`tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)"
+    ".map(parse, num_parallel_calls=tf.data.AUTOTUNE)`, then `bucket_by_sequence_length(..., "
+    "pad_to_bucket_boundary=True)` and `.prefetch(tf.data.AUTOTUNE)`; save the adapted vocabulary with the dataset "
+    "and put the layer in front of the exported model, so it serves raw strings. At least, tokenize inside tf.data: "
+    "`tf.data.TextLineDataset(files).batch(256).map(vectorize, num_parallel_calls=tf.data.AUTOTUNE).unbatch()` "
+    "(TextVectorization runs TensorFlow string ops, which hold no GIL and run in parallel). "
+    "In this template (task: text): text.pipeline.reader: tfrecord, text.pipeline.batching: bucket."
+)
+
+
+def python_tokenization(b: Blame, how: str) -> None:
+    """Python that makes a text model's input: token ids per element, made in Python for every step."""
+    ids = st.token_ids(b.head)
+    b.add(
+        "python-tokenization",
+        "Python tokenization feeds the pipeline",
+        b.worked,
+        f"{b.text}: its elements are integer sequences ({ids}: token ids of a text model) made in Python: {how}; "
+        + st.function_line(b.fn, b.parallelism),
+        TOKENIZE_ONCE,
+        "Estimate: the Python work leaves the steps (the ids are made once and read back, which costs a little that "
+        f"is not counted); tokenizing in a parallel map instead spreads the work over {b.pipeline.cores_note}, TF "
+        "ops usually faster than the Python they replace. The trace records what the Python made (integer sequences), "
+        "not how: if it only read ids tokenized before, the fix is the same, reading them with tf.data." + b.counted,
     )
 
 
@@ -263,6 +297,13 @@ def slow_stage(b: Blame) -> None:
 
 
 def python_in_map(b: Blame) -> None:
+    if st.token_ids(b.head):
+        return python_tokenization(
+            b,
+            "its function is Python (PyFunc ops: tf.py_function / tf.numpy_function), "
+            f"{b.shares['python']:.0%} of its op time"
+            + ("; written without num_parallel_calls" if st.written_sequential_map(b.head) else ""),
+        )
     b.add(
         "python-in-map",
         "Python inside a map (tf.py_function / tf.numpy_function)",
