@@ -365,3 +365,24 @@ def test_the_wait_on_a_strategys_hand_off_generator_goes_to_the_pipeline_that_fe
     # a generator whose own Python explains its wait is the cause itself
     busy = _stage("Iterator::Root::Prefetch::Generator", "Generator", blocking_ms=28.6, fn_ms=25.0)
     assert stages.units([busy, *theirs])[0].head is busy
+
+
+@pytest.mark.parametrize(
+    "shapes, types, ids",
+    [
+        ("[512] []", "int32 int32", "[512] int32"),  # a generator's padded token ids and a label
+        ("[?] []", "int64 float", "[?] int64"),  # a tokenizing map's ids, unpadded, and a float label
+        ("[32,?] [32]", "int32 int32", "[32,?] int32"),  # batched (a map-and-batch)
+        ("[?,128] [?,128] [?]", "int32 int32 int64", "[?,128] int32"),  # ids and a mask
+        ("[64,64,3] []", "uint8 int64", None),  # an image
+        ("[10] []", "int64 int64", None),  # a few integer features: not a sequence
+        ("[512] [512]", "int32 float", None),  # a float vector as long as the ids: cannot tell
+        ("[?] [?]", "int32 int32", "[?] int32"),  # ids and a mask, no label (a language model's input)
+        ("[?,?] [?]", "int32 float", "[?,?] int32"),  # a padded batch and its labels
+        ("<unknown> []", "int32 int32", None),  # shapes not recorded
+        ("", "", None),
+    ],
+)
+def test_token_ids_are_read_from_the_element_shapes_only_where_they_can_only_be_that(shapes, types, ids):
+    stage = {"params": {"shapes": shapes, "types": types} if shapes else {}}
+    assert stages.token_ids(stage) == ids

@@ -68,12 +68,10 @@ def token_ids(stage: dict) -> str | None:
     ids = [(dims, dtype) for dims, dtype in found if sequence(dims, dtype)]
     if not ids:
         return None
-    rank = len(ids[0][0])
-    if any(len(dims) != rank for dims, _ in ids):
-        return None
-    for dims, dtype in found:
-        if not sequence(dims, dtype) and len(dims) >= rank:  # beside the ids, only labels: one per sequence
-            return None
+    rank = max(len(dims) for dims, _ in ids)
+    ids = [(dims, dtype) for dims, dtype in ids if len(dims) == rank]
+    if any(len(dims) >= rank for dims, dtype in found if (dims, dtype) not in ids):
+        return None  # beside the ids (and masks), only labels: one per sequence
     dims, dtype = ids[0]
     return f"[{','.join(dims)}] {dtype}"
 
