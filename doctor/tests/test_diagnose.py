@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from step_doctor import diagnose
 from step_doctor.callbacks import StepTraceProfiler
-from step_doctor.diagnose import command, report, stages, verdict
+from step_doctor.diagnose import command, report, stages, structural, verdict
 from step_doctor.diagnose.device import DeviceView
 from step_doctor.diagnose.recommend import recommendations
 from step_doctor.errors import UserError
@@ -386,3 +386,28 @@ def test_the_wait_on_a_strategys_hand_off_generator_goes_to_the_pipeline_that_fe
 def test_token_ids_are_read_from_the_element_shapes_only_where_they_can_only_be_that(shapes, types, ids):
     stage = {"params": {"shapes": shapes, "types": types} if shapes else {}}
     assert stages.token_ids(stage) == ids
+
+
+def _padded_wait(batch_shapes: str, fed_shapes: str, path: str = "Iterator::Root::Prefetch::PaddedBatchV2") -> dict:
+    def stage(at, kind, shapes, **params):
+        return {"path": at, "kind": kind, "ops": [], "params": {"shapes": shapes, "types": "int32 int32", **params}}
+
+    padded = stage(path, "PaddedBatchV2", batch_shapes, batch_size="32")
+    fed = stage(path + "::FlatMap", "FlatMap", fed_shapes)
+    return {"measured": True, "step_ms": 10.0, "input_ms": 1.0, "compute_ms": 6.0, "stages": [padded, fed]}
+
+
+def test_a_padded_batch_is_a_structural_fix_only_where_it_pads_without_buckets():
+    """To a fixed length or to each batch's longest: listed; under bucket_by_sequence_length (GroupByWindow), or fed
+    elements of one shape (nothing to pad): not. A recorded padding share prices it on the model's compute."""
+    (fixed,) = structural.unbucketed_padding(_padded_wait("[32,512] [32]", "[?] []"), None)
+    assert "to a fixed length (512)" in fixed.evidence and "padding share unknown" in fixed.evidence
+    assert fixed.removes_ms == 0.0 and "bucket_by_sequence_length" in fixed.fix
+    (longest,) = structural.unbucketed_padding(_padded_wait("[32,?] [32]", "[?] []"), 0.5)
+    assert "longest sequence of each batch" in longest.evidence and "padding share of 50%" in longest.evidence
+    assert longest.removes_ms == pytest.approx(3.0) and "compile the step again" in longest.evidence
+    bucketed = "Iterator::Root::Prefetch::GroupByWindow::PaddedBatchV2"
+    assert not structural.unbucketed_padding(_padded_wait("[32,64] [32]", "[?] []", path=bucketed), None)
+    assert not structural.unbucketed_padding(_padded_wait("[32,128] [32]", "[128] []"), None)
+    assert structural.padding_share({"text": {"padding_share": 0.25}}) == 0.25
+    assert structural.padding_share({"padding_share": 25}) is None and structural.padding_share({}) is None
