@@ -90,12 +90,10 @@ def write_texts(root: Path) -> Path:
     words = [f"w{i}{'abcdefgh'[i % 8]}" for i in range(WORDS)]
     weights = 1 / np.arange(1, WORDS + 1) ** 1.1
     lengths = np.clip(rng.lognormal(np.log(128), 0.7, TEXTS), 4, MAX_LENGTH).astype(int)
-    texts = [rng.choice(WORDS, length, p=weights / weights.sum()) for length in lengths]
-    common = [(tokens < 20).mean() for tokens in texts]
-    lines = []
-    for tokens, share in zip(texts, common):
-        label = int(share > np.median(common))
-        lines.append(f"{label}\t{' '.join(words[t] for t in tokens).capitalize()}.\n")
+    texts = np.split(rng.choice(WORDS, lengths.sum(), p=weights / weights.sum()), np.cumsum(lengths)[:-1])
+    common = np.array([(tokens < 20).mean() for tokens in texts])
+    labels = (common > np.median(common)).astype(int)
+    lines = [f"{label}\t{' '.join(words[t] for t in tokens).capitalize()}.\n" for label, tokens in zip(labels, texts)]
     path.write_text("".join(lines))
     return path
 
