@@ -411,3 +411,43 @@ def test_a_padded_batch_is_a_structural_fix_only_where_it_pads_without_buckets()
     assert not structural.unbucketed_padding(_padded_wait("[32,128] [32]", "[128] []"), None)
     assert structural.padding_share({"text": {"padding_share": 0.25}}) == 0.25
     assert structural.padding_share({"padding_share": 25}) is None and structural.padding_share({}) is None
+
+
+def _tree_stage(path, kind, functions=None, **params):
+    return {
+        "path": path,
+        "kind": kind,
+        "ops": [f"{kind}Dataset:1"],
+        "user_ops": [],
+        "injected": False,
+        "params": params,
+        "async": kind == "Prefetch",
+        "pass_through": kind in ("Root", "Prefetch"),
+        "threads": 1,
+        "instances": 1,
+        "busy_ms": 0.0,
+        "blocking_ms": 2.0 if kind == "Generator" else 0.0,
+        "fill_ms": 0.0,
+        "functions": functions,
+    }
+
+
+def test_python_tokenization_in_a_run_that_does_not_wait_for_it_is_a_latent_note():
+    """A slow model in front of a Python tokenizer (the template's naive text run on a CPU): the generator costs
+    little here, and would hold the step where the model is faster: a latent note that names it."""
+    python = {"calls_per_step": 32, "work_ms": 10.0, "wall_ms": 9.0, "concurrency": 1.1, "threads": 2}
+    python.update({"ops_ms": {"python": 8.0}, "top_ops": [["PyFunc", 8.0]]})
+    root = "Iterator::Root::Prefetch::BatchV2"
+    tree = [
+        _tree_stage("Iterator::Root", "Root"),
+        _tree_stage("Iterator::Root::Prefetch", "Prefetch"),
+        _tree_stage(root, "BatchV2", batch_size="32", shapes="[?,?] [?]", types="int32 int32"),
+        _tree_stage(root + "::FlatMap", "FlatMap", shapes="[?] []", types="int32 int32"),
+        _tree_stage(root + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32"),
+    ]
+    wait = {"measured": True, "step_ms": 200.0, "input_ms": 2.0, "cpu_budget": 2, "stages": tree}
+    (note,) = structural.latent_fixes(wait, cpu_only=True, listed=[])
+    assert note.cause == "python-tokenization" and note.kind == "latent" and note.stage.endswith("Generator")
+    assert "[?] int32: token ids" in note.evidence and "tokenized once" in note.if_faster
+    image = [{**s, "params": {**s["params"], "shapes": "[64,64,3] []", "types": "uint8 int64"}} for s in tree]
+    assert not structural.latent_fixes({**wait, "stages": image}, cpu_only=True, listed=[])

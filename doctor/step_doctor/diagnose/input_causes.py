@@ -201,8 +201,8 @@ def blocking_stage(b: Blame) -> None:
 
 
 def python_generator(b: Blame) -> None:
-    if st.token_ids(b.head):
-        return python_tokenization(b, "Dataset.from_generator runs your Python one element at a time")
+    if python_tokenizer(b):
+        return python_tokenization(b)
     b.add(
         "python-generator",
         "Python generator (from_generator) feeds the pipeline",
@@ -235,20 +235,36 @@ TOKENIZE_ONCE = (
 )
 
 
-def python_tokenization(b: Blame, how: str) -> None:
-    """Python that makes a text model's input: token ids per element, made in Python for every step."""
-    ids = st.token_ids(b.head)
+def python_tokenizer(b: Blame) -> str | None:
+    """How the stage runs Python, where that Python makes a text model's input (token ids per element: read from the
+    element shapes and types the trace records, stages.token_ids); None where it does not, or the trace cannot tell."""
+    if not b.fn or not st.token_ids(b.head):
+        return None
+    if b.head["kind"] == "Generator":
+        return "Dataset.from_generator runs your Python one element at a time"
+    if b.head["kind"] in iw.FUNCTION_STAGES and b.shares.get("python", 0.0) >= 0.5:
+        sequential = "; written without num_parallel_calls" if st.written_sequential_map(b.head) else ""
+        return (
+            f"{b.shares['python']:.0%} of its function's op time is Python (PyFunc ops: tf.py_function / "
+            f"tf.numpy_function){sequential}"
+        )
+    return None
+
+
+def python_tokenization(b: Blame) -> None:
+    """Python that makes a text model's input, for every step: tokenized once, the stage and its wait are gone."""
     b.add(
         "python-tokenization",
         "Python tokenization feeds the pipeline",
-        b.worked,
-        f"{b.text}: its elements are integer sequences ({ids}: token ids of a text model) made in Python: {how}; "
-        + st.function_line(b.fn, b.parallelism),
+        b.ms,
+        f"{b.text}: its elements are integer sequences ({st.token_ids(b.head)}: token ids of a text model) made in "
+        f"Python: {python_tokenizer(b)}; " + st.function_line(b.fn, b.parallelism),
         TOKENIZE_ONCE,
-        "Estimate: the Python work leaves the steps (the ids are made once and read back, which costs a little that "
-        f"is not counted); tokenizing in a parallel map instead spreads the work over {b.pipeline.cores_note}, TF "
-        "ops usually faster than the Python they replace. The trace records what the Python made (integer sequences), "
-        "not how: if it only read ids tokenized before, the fix is the same, reading them with tf.data." + b.counted,
+        "Estimate: the wait on this stage leaves the steps (the ids are made once and read back in a parallel map, "
+        f"which costs a little that is not counted); tokenizing in a parallel map instead spreads the work over "
+        f"{b.pipeline.cores_note}, TF ops usually faster than the Python they replace. The trace records what the "
+        "Python made (integer sequences), not how: if it only read ids tokenized before, the fix is the same, "
+        "reading them with tf.data.",
     )
 
 
@@ -297,13 +313,8 @@ def slow_stage(b: Blame) -> None:
 
 
 def python_in_map(b: Blame) -> None:
-    if st.token_ids(b.head):
-        return python_tokenization(
-            b,
-            "its function is Python (PyFunc ops: tf.py_function / tf.numpy_function), "
-            f"{b.shares['python']:.0%} of its op time"
-            + ("; written without num_parallel_calls" if st.written_sequential_map(b.head) else ""),
-        )
+    if python_tokenizer(b):
+        return python_tokenization(b)
     b.add(
         "python-in-map",
         "Python inside a map (tf.py_function / tf.numpy_function)",

@@ -10,7 +10,8 @@ from the time this profile's pipeline needs per batch:
 - nothing running ahead of the model at its root (no prefetch);
 - a map written without num_parallel_calls;
 - decoding repeated every epoch, with nothing cached after it;
-- files read one after another.
+- files read one after another;
+- Python tokenization (a generator or Python map whose elements are token ids), every step.
 
 Each is estimated by the function of the cause it stands for (diagnose/input_causes.py),
 from the wait charged to the stage it names.
@@ -28,6 +29,8 @@ from step_doctor.diagnose.input_causes import (
     decode_every_epoch,
     no_prefetch,
     prefetched,
+    python_tokenization,
+    python_tokenizer,
     root_stage,
     sequential_file_reads,
     sequential_map,
@@ -40,6 +43,7 @@ COVERS = {  # a structural fix -> the recommendations that already make it for t
     "sequential-map": {"sequential-map", "python-in-map"},
     "decode-every-epoch": {"decode-every-epoch", "sequential-map", "heavy-map"},
     "sequential-file-reads": {"sequential-file-reads"},
+    "python-tokenization": {"python-tokenization"},
 }
 
 
@@ -56,6 +60,8 @@ def structural_fixes(wait: dict, cpu_only: bool, listed: list[Recommendation]) -
             sequential_map(_alone(s, p))
         if fn and _decodes_every_epoch(s, p):
             decode_every_epoch(_alone(s, p))
+        if fn and python_tokenizer(_alone(s, p)):
+            python_tokenization(_alone(s, p))
     for opener, readers in _sequential_readers(p):
         reader = max(readers, key=lambda o: o["busy_ms"])
         blocking = sum(s["blocking_ms"] for s in (opener, *readers))
@@ -181,6 +187,11 @@ def _would_cost(rec: Recommendation, stage: dict | None, made: float, cores: int
         own = stage["functions"]["wall_ms"] if stage["functions"] else stage["busy_ms"]
     if rec.cause == "decode-every-epoch":
         return f"{st.name(stage)} takes {ms(own)} per batch in every epoch: a cache after it keeps only the first's"
+    if rec.cause == "python-tokenization":
+        return (
+            f"{st.name(stage)} takes {ms(own)} per batch in Python in every step, one call at a time under the GIL: "
+            "tokenized once, when the dataset is built, the steps would not pay it"
+        )
     return (
         f"{st.name(stage) if stage else 'this stage'} takes {ms(own)} per batch one call at a time: spread over "
         f"{cores} cores it would take about {ms(own / cores)}"
