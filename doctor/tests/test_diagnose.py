@@ -14,9 +14,10 @@ import tensorflow as tf
 
 from step_doctor import diagnose
 from step_doctor.callbacks import StepTraceProfiler
-from step_doctor.diagnose import command, report, stages, structural, verdict
+from step_doctor.diagnose import command, input_causes, report, stages, structural, verdict
 from step_doctor.diagnose.device import DeviceView
 from step_doctor.diagnose.recommend import recommendations
+from step_doctor.diagnose.recommendation import Causes
 from step_doctor.errors import UserError
 from tests.conftest import run_cli
 
@@ -451,3 +452,18 @@ def test_python_tokenization_in_a_run_that_does_not_wait_for_it_is_a_latent_note
     assert "[?] int32: token ids" in note.evidence and "tokenized once" in note.if_faster
     image = [{**s, "params": {**s["params"], "shapes": "[64,64,3] []", "types": "uint8 int64"}} for s in tree]
     assert not structural.latent_fixes({**wait, "stages": image}, cpu_only=True, listed=[])
+
+
+def test_a_shuffle_buffer_filled_from_python_tokenization_says_to_tokenize_once():
+    python = {"calls_per_step": 100, "work_ms": 38.0, "wall_ms": 35.0, "concurrency": 1.1, "threads": 2}
+    python.update({"ops_ms": {"python": 31.0}, "top_ops": [["PyFunc", 31.0]]})
+    at = "Iterator::Root::PaddedBatchV2::Shuffle"
+    shuffle = _tree_stage(at, "Shuffle", buffer_size="1000", shapes="[?] []", types="int32 int32")
+    shuffle.update({"fill_ms": 36.0, "fills": 1, "pulled_per_fill": 1000, "element_mb": None})
+    tokens = _tree_stage(at + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32")
+    wait = {"measured": True, "step_ms": 320.0, "input_ms": 44.0, "cpu_budget": 2, "stages": [shuffle, tokens]}
+    causes = Causes(320.0)
+    input_causes.input_causes(wait, cpu_only=True, causes=causes)
+    (refill,) = [r for r in causes.found if r.cause == "shuffle-buffer-refill"]
+    assert "from Python tokenization" in refill.title and "[?] int32: token ids" in refill.evidence
+    assert "TextVectorization" in refill.fix and refill.removes_ms == 36.0

@@ -442,6 +442,9 @@ def shuffle_buffer_refill(s: dict, p: Pipeline) -> None:
         buffer = s["params"].get("buffer_size")
         total = f", about {s['element_mb'] * float(buffer):.0f} MB in all" if str(buffer).isdigit() else ""
         size = f"; each buffered element takes {s['element_mb']:.2f} MB{total}"
+    tokenizer = next((o for o in below if python_tokenizer(Blame(st.Unit(o, [o], o["blocking_ms"]), p))), None)
+    if tokenizer is not None:
+        return _shuffle_of_python_tokens(s, p, tokenizer, work, size)
     p.causes.add(
         "shuffle-buffer-refill",
         "A shuffle buffer of expensive elements is refilled",
@@ -464,6 +467,22 @@ def shuffle_buffer_refill(s: dict, p: Pipeline) -> None:
         f"Estimate: the fills vanish and their work ({ms(redone * p.cores)} of CPU per step) is done in the steady "
         f"state instead, over {p.cores_words}. Shuffling file names shuffles less finely within a file (not at all "
         "for one image per file).",
+        stage=s["path"],
+    )
+
+
+def _shuffle_of_python_tokens(s: dict, p: Pipeline, tokenizer: dict, work: str, size: str) -> None:
+    """A shuffle buffer filled from Python tokenization: tokenized once, it fills from token ids read back."""
+    p.causes.add(
+        "shuffle-buffer-refill",
+        "A shuffle buffer is refilled from Python tokenization",
+        s["fill_ms"],
+        f"{ms(s['fill_ms'])} per step ({pct(s['fill_ms'], p.step)} of step time) waits while {st.name(s)} fills "
+        f"its buffer of {s['params'].get('buffer_size', '?')} elements: {s['fills']} fill(s) in the profile (each new "
+        f"iterator, e.g. every epoch), {s['pulled_per_fill']:.0f} elements pulled one by one through {work}, "
+        f"tokenized in Python by {st.name(tokenizer)} ({st.token_ids(tokenizer)}: token ids){size}",
+        TOKENIZE_ONCE + " The buffer then fills from token ids read back, which costs little.",
+        "Estimate: the fill's Python work leaves the steps (reading the ids back is not counted).",
         stage=s["path"],
     )
 
