@@ -39,6 +39,7 @@ PLANTED = {  # case -> the cause the first recommendation must name
     "decode_map_no_prefetch": "sequential-map",
     "text_padded_xla": "recompilation",
     "text_python_tokenization": "python-tokenization",
+    "text_numpy_function_tokenization": "python-tokenization",
 }
 INPUT_CAUSES = set(PLANTED.values()) - {"small-batch"} | {"heavy-map", "decode-every-epoch", "slow-stage"}
 
@@ -377,6 +378,21 @@ def test_python_tokenization_is_named_from_the_token_ids_it_makes(profiled):
         assert fix in first["fix"], fix
     assert "python-generator" not in {r["cause"] for r in item["recommendations"]}
     assert "[python-tokenization" in diagnose.render({"runs": {".": item}})
+
+
+def test_python_tokenization_in_a_map_is_named_and_its_padding_listed_after_it(profiled):
+    """Raw lines tokenized in a tf.numpy_function map written without parallel calls, padded_batch to the longest:
+    Python tokenization first (not python-in-map, nor the map's missing num_parallel_calls as a structural fix:
+    its fix replaces the map), and in this input-bound run the padding is listed after the ranked causes."""
+    item = _only_run(profiled("text_numpy_function_tokenization"))
+    causes = [r["cause"] for r in item["recommendations"]]
+    first = item["recommendations"][0]
+    assert first["cause"] == "python-tokenization" and first["stage"].endswith("::Map"), causes
+    assert "[?] int64: token ids" in first["evidence"] and "tf.numpy_function" in first["evidence"]
+    assert not {"python-in-map", "sequential-map"} & set(causes), causes
+    if item["verdict"] == "input-bound":
+        (note,) = [r for r in item["recommendations"] if r["cause"] == "unbucketed-padding"]
+        assert note["kind"] == "speed" and causes[-1] == "unbucketed-padding" and "[64,?] int64" in note["evidence"]
 
 
 def _padding(item) -> list[dict]:

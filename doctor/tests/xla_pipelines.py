@@ -13,7 +13,9 @@ compiled with XLA (`jit_compile=True`, Keras's default where a GPU is present) o
 
 And the naive text pipeline as users write it (text_python_tokenization): raw text lines read by a Python
 generator that tokenizes each (a regular expression, a dict lookup per word) and pads it to the maximum
-length, batches of 32, no prefetch, into a small classifier: the planted cause is Python tokenization.
+length, batches of 32, no prefetch, into a small classifier: the planted cause is Python tokenization. The
+same tokenizing inside a map (text_numpy_function_tokenization: tf.numpy_function over lines tf.data reads,
+padded_batch to the longest, batches of 64): Python tokenization too, and its padding listed after it.
 
 The sequences are made here, the same on every call; the raw text lines are written beside the image
 corpus's files by write_texts (user_pipelines.make_files calls it). user_pipelines.py adds these cases
@@ -98,12 +100,17 @@ def write_texts(root: Path) -> Path:
     return path
 
 
+def _vocabulary(path: Path) -> dict:
+    """Word -> id for the VOCAB - 2 commonest words of the texts, counted in Python (0 pads, 1 is unknown)."""
+    counts = Counter(w for line in open(path) for w in re.findall(r"\w+", line.split("\t", 1)[1].lower()))
+    return {word: i + 2 for i, (word, _) in enumerate(counts.most_common(VOCAB - 2))}
+
+
 def text_python_tokenization(files):
     """The naive text pipeline: a Python generator reads the raw lines, tokenizes each in Python (lower case, a
     regular expression, a dict lookup per word), pads to the maximum length; batches of 32, no prefetch."""
     path = files["texts"]
-    counts = Counter(w for line in open(path) for w in re.findall(r"\w+", line.split("\t", 1)[1].lower()))
-    vocabulary = {word: i + 2 for i, (word, _) in enumerate(counts.most_common(VOCAB - 2))}  # 0 pads, 1 unknown
+    vocabulary = _vocabulary(path)
 
     def examples():
         while True:
@@ -118,11 +125,29 @@ def text_python_tokenization(files):
     return ds, tokens_classifier(), {"steps_per_epoch": 20}
 
 
-def tokens_classifier():
+def text_numpy_function_tokenization(files):
+    """Raw lines read by tf.data, tokenized in Python inside a map (tf.numpy_function, no num_parallel_calls),
+    padded_batch of 64 to the longest of each batch (no bucketing), no prefetch."""
+    vocabulary = _vocabulary(files["texts"])
+
+    def tokenize(line: bytes):
+        text = re.sub(r"[^\w\s]", " ", line.decode().split("\t", 1)[1].lower())  # lower case, no punctuation
+        return np.array([vocabulary.get(word, 1) for word in text.split()][:MAX_LENGTH])
+
+    def parse(line):
+        ids = tf.numpy_function(tokenize, [line], tf.int64)
+        ids.set_shape([None])
+        return ids, tf.strings.to_number(tf.strings.substr(line, 0, 1), tf.int64)
+
+    ds = tf.data.TextLineDataset(str(files["texts"])).repeat().map(parse).padded_batch(2 * BATCH)
+    return ds, tokens_classifier(length=None), {"steps_per_epoch": 20}
+
+
+def tokens_classifier(length: int | None = MAX_LENGTH):
     """A small text classifier: token embeddings averaged, one logit."""
     model = keras.Sequential(
         [
-            keras.Input((MAX_LENGTH,), dtype="int64"),
+            keras.Input((length,), dtype="int64"),
             keras.layers.Embedding(VOCAB, 16),
             keras.layers.GlobalAveragePooling1D(),
             keras.layers.Dense(1),
@@ -166,4 +191,5 @@ CASES = {
     "text_bucketed": text_bucketed,
     "text_padded": text_padded,
     "text_python_tokenization": text_python_tokenization,
+    "text_numpy_function_tokenization": text_numpy_function_tokenization,
 }

@@ -40,7 +40,7 @@ from step_doctor.diagnose.stalls import working_step
 
 COVERS = {  # a structural fix -> the recommendations that already make it for the same stage
     "no-prefetch": {"no-prefetch"},
-    "sequential-map": {"sequential-map", "python-in-map"},
+    "sequential-map": {"sequential-map", "python-in-map", "python-tokenization"},
     "decode-every-epoch": {"decode-every-epoch", "sequential-map", "heavy-map"},
     "sequential-file-reads": {"sequential-file-reads"},
     "python-tokenization": {"python-tokenization"},
