@@ -3,6 +3,7 @@
 The pipelines of users' own scripts, one planted cause each, are in tests/test_diagnose_corpus.py.
 """
 
+import dataclasses
 import json
 import shutil
 import time
@@ -18,6 +19,7 @@ from step_doctor.diagnose import command, input_causes, report, stages, structur
 from step_doctor.diagnose.device import DeviceView
 from step_doctor.diagnose.recommend import recommendations
 from step_doctor.diagnose.recommendation import Causes
+from step_doctor.diagnose.wait_record import InputWait, Unmeasured, from_json
 from step_doctor.errors import UserError
 from tests.conftest import run_cli
 
@@ -243,7 +245,7 @@ def test_only_far_out_time_of_a_millisecond_or_more_is_taken_for_a_stall():
     assert few["stall_ms"] == 0.0 and few["stretched_steps"] == 0
     gaps = stalls.split(step, [500.0] * n, [500.0] * n, ([1500.0] * n, [500.0] * n), [{}] * n)  # from activity.py
     assert (gaps["stall_ms"], gaps["gaps_ms"], gaps["pipeline_ms"]) == pytest.approx((1.5, 1.5, 0.5))
-    wait = {"step_ms": 10.0, "stall_ms": 1.5, "stall": {"pipeline_ms": 0.5}}
+    wait = _wait(step_ms=10.0, stall_ms=1.5, stall={"pipeline_ms": 0.5})
     assert (stalls.working_step(wait), stalls.left_out(wait)) == pytest.approx((9.0, 1.0))
 
 
@@ -339,8 +341,8 @@ def test_a_wait_whose_producers_left_no_events_is_called_out():
             {"path": "Iterator::Root::Prefetch", "pass_through": True, "blocking_ms": unattributed_ms},
             {"path": "Iterator::Root::Prefetch::Shuffle", "pass_through": False, "blocking_ms": 8 - unattributed_ms},
         ]
-        wait = {"measured": True, "step_ms": 10.0, "input_ms": 8.0, "unattributed_ms": unattributed_ms}
-        return {"device_busy_percent": 50.0, "input_pipeline": {**wait, "stages": stages}}
+        wait = _wait(step_ms=10.0, input_ms=8.0, unattributed_ms=unattributed_ms, stages=stages)
+        return {"device_busy_percent": 50.0, "input_pipeline": wait}
 
     gpu = DeviceView(cpu_only=False, busy_percent=50.0, unmeasured=None)
     (note,) = report.notes(profile(3.0), gpu)
@@ -389,13 +391,15 @@ def test_token_ids_are_read_from_the_element_shapes_only_where_they_can_only_be_
     assert stages.token_ids(stage) == ids
 
 
-def _padded_wait(batch_shapes: str, fed_shapes: str, path: str = "Iterator::Root::Prefetch::PaddedBatchV2") -> dict:
+def _padded_wait(
+    batch_shapes: str, fed_shapes: str, path: str = "Iterator::Root::Prefetch::PaddedBatchV2"
+) -> InputWait:
     def stage(at, kind, shapes, **params):
         return {"path": at, "kind": kind, "ops": [], "params": {"shapes": shapes, "types": "int32 int32", **params}}
 
     padded = stage(path, "PaddedBatchV2", batch_shapes, batch_size="32")
     fed = stage(path + "::FlatMap", "FlatMap", fed_shapes)
-    return {"measured": True, "step_ms": 10.0, "input_ms": 1.0, "compute_ms": 6.0, "stages": [padded, fed]}
+    return _wait(step_ms=10.0, input_ms=1.0, compute_ms=6.0, stages=[padded, fed])
 
 
 def test_a_padded_batch_is_a_structural_fix_only_where_it_pads_without_buckets():
@@ -446,12 +450,12 @@ def test_python_tokenization_in_a_run_that_does_not_wait_for_it_is_a_latent_note
         _tree_stage(root + "::FlatMap", "FlatMap", shapes="[?] []", types="int32 int32"),
         _tree_stage(root + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32"),
     ]
-    wait = {"measured": True, "step_ms": 200.0, "input_ms": 2.0, "cpu_budget": 2, "stages": tree}
+    wait = _wait(step_ms=200.0, input_ms=2.0, cpu_budget=2, stages=tree)
     (note,) = structural.latent_fixes(wait, cpu_only=True, listed=[])
     assert note.cause == "python-tokenization" and note.kind == "latent" and note.stage.endswith("Generator")
     assert "[?] int32: token ids" in note.evidence and "tokenized once" in note.if_faster
     image = [{**s, "params": {**s["params"], "shapes": "[64,64,3] []", "types": "uint8 int64"}} for s in tree]
-    assert not structural.latent_fixes({**wait, "stages": image}, cpu_only=True, listed=[])
+    assert not structural.latent_fixes(dataclasses.replace(wait, stages=image), cpu_only=True, listed=[])
 
 
 def test_a_shuffle_buffer_filled_from_python_tokenization_says_to_tokenize_once():
@@ -461,9 +465,53 @@ def test_a_shuffle_buffer_filled_from_python_tokenization_says_to_tokenize_once(
     shuffle = _tree_stage(at, "Shuffle", buffer_size="1000", shapes="[?] []", types="int32 int32")
     shuffle.update({"fill_ms": 36.0, "fills": 1, "pulled_per_fill": 1000, "element_mb": None})
     tokens = _tree_stage(at + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32")
-    wait = {"measured": True, "step_ms": 320.0, "input_ms": 44.0, "cpu_budget": 2, "stages": [shuffle, tokens]}
+    wait = _wait(step_ms=320.0, input_ms=44.0, cpu_budget=2, stages=[shuffle, tokens])
     causes = Causes(320.0)
     input_causes.input_causes(wait, cpu_only=True, causes=causes)
     (refill,) = [r for r in causes.found if r.cause == "shuffle-buffer-refill"]
     assert "from Python tokenization" in refill.title and "[?] int32: token ids" in refill.evidence
     assert "TextVectorization" in refill.fix and refill.removes_ms == 36.0
+
+
+def _wait(**figures) -> InputWait:
+    """A measured input wait with the figures a test gives, the others empty."""
+    empty = dict(
+        measured=True,
+        reason=None,
+        step_source="markers",
+        inferred=False,
+        function=None,
+        steps=10,
+        steps_left_out=1,
+        step_ms=0.0,
+        input_ms=0.0,
+        input_percent=None,
+        getnext_per_step=1.0,
+        getnext_floor_ms=None,
+        compute_ms=0.0,
+        overhead_ms=0.0,
+        per_step=[],
+        cpu_budget=None,
+        autotune=None,
+        batch_size=None,
+        prefetch=[],
+        unattributed_ms=0.0,
+        stages=[],
+    )
+    return InputWait(**{**empty, **figures})
+
+
+def test_the_input_wait_reads_back_from_its_json_and_a_misspelt_figure_is_an_error(logs):
+    """The document's input_pipeline is the record's to_json, keys in order; from_json gives the same record back."""
+    written = diagnose.diagnose(logs / "slow")["runs"]["."]["profile"]["input_pipeline"]
+    record = from_json(written)
+    assert isinstance(record, InputWait) and record.measured and record.device is None
+    assert list(record.to_json()) == list(written) and json.dumps(record.to_json()) == json.dumps(written)
+    with pytest.raises(AttributeError):
+        record.input_wait_ms  # noqa: B018
+    with pytest.raises(TypeError):
+        from_json({**written, "inptu_ms": 1.0})
+    none = from_json({"measured": False, "reason": "the profile shows no training steps"})
+    assert isinstance(none, Unmeasured) and none.to_json() == {"measured": False, "reason": none.reason}
+    with pytest.raises(AttributeError):
+        none.step_ms  # noqa: B018

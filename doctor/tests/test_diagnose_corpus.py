@@ -24,6 +24,7 @@ from step_doctor.diagnose import hosttrace
 from step_doctor.diagnose.recommendation import Recommendation
 from step_doctor.diagnose.stalls import working_step
 from step_doctor.diagnose.structural import latent_fixes, production, structural_fixes
+from step_doctor.diagnose.wait_record import from_json
 from tests import corpus_expectations, user_pipelines
 
 PLANTED = {  # case -> the cause the first recommendation must name
@@ -128,7 +129,7 @@ def test_a_pipeline_without_prefetch_lists_it_even_when_another_cause_ranks_firs
 
 
 def _structural(item, listed=()):
-    wait = item["profile"]["input_pipeline"]
+    wait = from_json(item["profile"]["input_pipeline"])
     return {r.cause: r for r in structural_fixes(wait, item["device"]["cpu_only"], listed=list(listed))}
 
 
@@ -186,10 +187,12 @@ def test_the_same_pipeline_is_input_bound_under_a_fast_model_and_device_bound_un
     text = diagnose.render({"runs": {"slow": slow}})
     assert "they would cost where the step is faster" in text and "[no-prefetch, latent]" in text
     assert "cores it shared with the model" in note["if_faster"]  # a CPU-only profile cannot time the pipeline alone
-    wait = slow["profile"]["input_pipeline"]  # on a device of its own the pipeline's time per batch is its own
+    wait = from_json(
+        slow["profile"]["input_pipeline"]
+    )  # on a device of its own the pipeline's time per batch is its own
     (on_device,) = latent_fixes(wait, cpu_only=False, listed=[])
     needs, _ = production(wait)
-    rest = working_step(wait) - wait["input_ms"]
+    rest = working_step(wait) - wait.input_ms
     assert f"{rest / needs:.1f}x as fast as this one" in on_device.if_faster
 
 
@@ -302,7 +305,7 @@ def test_a_step_compiled_again_for_every_new_shape_ranks_recompilation_first(pro
     assert item["verdict"] == "host-bound", item["verdict"]
     assert xla["used"] and xla["churn"] and xla["compile_steps"] >= wait["steps"] / 2, xla
     assert xla["compiles"] >= xla["compile_steps"] and xla["shapes"] >= xla["compiles"] and xla["programs"] >= 2
-    assert wait["compile_ms"] >= 0.5 * working_step(wait) and wait["overhead_ms"] < wait["compile_ms"] / 5
+    assert wait["compile_ms"] >= 0.5 * working_step(from_json(wait)) and wait["overhead_ms"] < wait["compile_ms"] / 5
     assert wait["compute_ms"] > 0 and xla["runs_per_step"] >= 0.9  # the executable's run is the model's compute
     assert item["profile"]["compile_ms"] == wait["compile_ms"]  # the trace's, where xprof's is 0
     first = item["recommendations"][0]
@@ -359,8 +362,8 @@ def test_the_overhead_of_an_xla_step_is_what_a_larger_batch_does_not_grow(profil
     small = _only_run(profiled("text_bucketed_xla"))
     large = _only_run(profiled("text_bucketed_xla_large_batch"))
     model_side = [
-        working_step(w) - w["input_ms"]
-        for w in (small["profile"]["input_pipeline"], large["profile"]["input_pipeline"])
+        working_step(w) - w.input_ms
+        for w in (from_json(small["profile"]["input_pipeline"]), from_json(large["profile"]["input_pipeline"]))
     ]
     fixed = (8 * model_side[0] - model_side[1]) / 7
     overhead = small["profile"]["input_pipeline"]["overhead_ms"]

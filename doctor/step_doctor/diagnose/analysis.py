@@ -23,6 +23,7 @@ from pathlib import Path
 
 from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xla, xspace
 from step_doctor.diagnose.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
+from step_doctor.diagnose.wait_record import InputWait, Unmeasured, Wait
 
 STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
     "step_time_ms": "steptime_ms_average",
@@ -119,11 +120,9 @@ def analyze_session(session: Path) -> dict:
         finally:
             trace.close()
     if wait is None:
-        wait = {
-            "measured": False,
-            "reason": "the profile shows no training steps (no step markers, no Keras batches, "
-            "no repeated tf.function)",
-        }
+        wait = Unmeasured(
+            "the profile shows no training steps (no step markers, no Keras batches, no repeated tf.function)"
+        )
     xprof = _xprof_breakdown(xplanes, session) if size_mb <= XPROF_MAX_MB else None
     profile = _figures(xprof, wait, steps, planes_say)
     profile.update(
@@ -136,7 +135,7 @@ def analyze_session(session: Path) -> dict:
         profile_mb=round(size_mb, 2),
         analysis_seconds=round(time.perf_counter() - started, 1),
         skipped=[] if xprof else [_SKIPPED_XPROF.format(mb=size_mb)],
-        stall_ms=wait.get("stall_ms") if wait.get("measured") else None,
+        stall_ms=wait.stall_ms if isinstance(wait, InputWait) and wait.measured else None,
         profiler_errors=said["errors"],
         profiler_warnings=said["warnings"],
     )
@@ -178,29 +177,29 @@ def _xprof_breakdown(xplanes: list[str], session: Path) -> dict:
     }
 
 
-def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
+def _figures(xprof: dict | None, wait: Wait, steps, planes_say: str) -> dict:
     """The step breakdown: xprof's where it ran and saw marked steps, else the trace's own."""
     hardware = xprof["hardware"] if xprof else planes_say
     has_device = hardware not in ("CPU_ONLY", "unknown", "")
     if xprof:
         has_markers = bool(xprof["steps"]) and xprof["figures"]["step_time_ms"] > 0
     else:
-        has_markers = bool(steps) and steps.source == step_windows.MARKERS and bool(wait.get("measured"))
-    measured = bool(wait.get("measured"))
-    device = wait.get("device") if measured else None
+        has_markers = bool(steps) and steps.source == step_windows.MARKERS and wait.measured
+    measured = isinstance(wait, InputWait) and wait.measured
+    device = wait.device if measured else None
     # XLA compiling in the steps: xprof never classifies a TensorFlow host event as compile (on a CPU it is host
     # compute; a GPU profile's step time leaves it out), and its figures count the warm-up steps left out here
-    compiled = measured and bool(wait.get("compile_ms") or (wait.get("xla") or {}).get("warm_up"))
+    compiled = measured and bool(wait.compile_ms or (wait.xla or {}).get("warm_up"))
     if xprof and has_markers and not compiled:
         figures = xprof["figures"]
     elif measured:  # no step xprof can see, or xprof not run: the breakdown of the steps, from the trace
         figures = dict.fromkeys(STEP_FIELDS, 0.0)
         figures.update(
-            step_time_ms=wait["step_ms"],
-            input_ms=wait["input_ms"],
-            host_compute_ms=wait["host_compute_ms"] if device else wait["compute_ms"],
-            other_ms=round(wait["overhead_ms"] + (wait.get("stall_ms") or 0.0), 3),  # a stall is "other" here too
-            compile_ms=wait.get("compile_ms") or 0.0,
+            step_time_ms=wait.step_ms,
+            input_ms=wait.input_ms,
+            host_compute_ms=wait.host_compute_ms if device else wait.compute_ms,
+            other_ms=round(wait.overhead_ms + (wait.stall_ms or 0.0), 3),  # a stall is "other" here too
+            compile_ms=wait.compile_ms or 0.0,
         )
         if device:
             figures.update(
@@ -213,14 +212,14 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
         figures = xprof["figures"] if xprof else dict.fromkeys(STEP_FIELDS, 0.0)
     step_ms = figures["step_time_ms"]
     if measured:
-        input_share = wait["input_percent"]
+        input_share = wait.input_percent
     else:
         input_share = 100 * figures["input_ms"] / step_ms if has_markers and step_ms else None
     xprof_step = xprof["figures"]["step_time_ms"] if xprof else 0.0
     return {
         "hardware_type": hardware,
         "has_step_markers": has_markers,
-        "steps": len(xprof["steps"]) if xprof and has_markers and not compiled else (wait.get("steps") or 0),
+        "steps": len(xprof["steps"]) if xprof and has_markers and not compiled else _steps(wait),
         **figures,
         "input_bound_percent": input_share,
         "xprof_input_percent": 100 * xprof["figures"]["input_ms"] / xprof_step if xprof and has_markers else None,
@@ -230,19 +229,25 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
     }
 
 
-def _slow_stages(wait: dict, top: int = 5) -> list[dict]:
+def _steps(wait: Wait) -> int:
+    return (wait.steps or 0) if isinstance(wait, InputWait) else 0
+
+
+def _slow_stages(wait: Wait, top: int = 5) -> list[dict]:
     """tf.data stages ranked by the input wait they caused (pass-through stages such as Prefetch never count)."""
-    input_ms = wait.get("input_ms") or 0.0
+    if not isinstance(wait, InputWait):
+        return []
+    input_ms = wait.input_ms or 0.0
     stages = [
         {
             "name": s["path"],
             "stage": s["kind"],
             "self_time_ms": round(s["blocking_ms"] + s["fill_ms"], 3),
             "self_time_percent": round(100 * (s["blocking_ms"] + s["fill_ms"]) / input_ms, 1) if input_ms else 0.0,
-            "step_percent": round(100 * (s["blocking_ms"] + s["fill_ms"]) / wait["step_ms"], 1),
-            "count": int(round(s["calls_per_step"] * (wait.get("steps") or 0))),
+            "step_percent": round(100 * (s["blocking_ms"] + s["fill_ms"]) / wait.step_ms, 1),
+            "count": int(round(s["calls_per_step"] * _steps(wait))),
         }
-        for s in wait.get("stages", [])
+        for s in wait.stages
         if not s["pass_through"] and s["blocking_ms"] + s["fill_ms"] > 0
     ]
     stages.sort(key=lambda s: s["self_time_ms"], reverse=True)

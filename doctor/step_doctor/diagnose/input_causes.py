@@ -18,6 +18,7 @@ from step_doctor.diagnose import input_wait as iw
 from step_doctor.diagnose import stages as st
 from step_doctor.diagnose.recommendation import CORRECTNESS, Causes, gain, ms, pct
 from step_doctor.diagnose.stalls import left_out, working_step
+from step_doctor.diagnose.wait_record import InputWait, Wait
 
 ASSUMED_CORES = 2  # where the profile does not record tf.data's cores (cpu_budget on its Root iterator)
 
@@ -26,13 +27,13 @@ ASSUMED_CORES = 2  # where the profile does not record tf.data's cores (cpu_budg
 class Pipeline:
     """One profile's input wait, as every input cause reads it."""
 
-    wait: dict
+    wait: InputWait
     cpu_only: bool
     causes: Causes
 
     @property
     def stages(self) -> list[dict]:
-        return self.wait["stages"]
+        return self.wait.stages
 
     @property
     def step(self) -> float:
@@ -40,7 +41,7 @@ class Pipeline:
 
     @property
     def input_ms(self) -> float:
-        return self.wait["input_ms"] or 0.0
+        return self.wait.input_ms or 0.0
 
     @property
     def other_ms(self) -> float:
@@ -49,17 +50,17 @@ class Pipeline:
 
     @property
     def cores(self) -> int:
-        return self.wait.get("cpu_budget") or ASSUMED_CORES
+        return self.wait.cpu_budget or ASSUMED_CORES
 
     @property
     def cores_note(self) -> str:
-        if self.wait.get("cpu_budget"):
+        if self.wait.cpu_budget:
             return f"the {self.cores} cores tf.data was given in this profile"
         return self.cores_unknown
 
     @property
     def cores_words(self) -> str:
-        return f"{self.cores} cores" if self.wait.get("cpu_budget") else self.cores_unknown
+        return f"{self.cores} cores" if self.wait.cpu_budget else self.cores_unknown
 
     @property
     def cores_unknown(self) -> str:
@@ -161,9 +162,9 @@ class Blame:
         )
 
 
-def input_causes(wait: dict, cpu_only: bool, causes: Causes) -> None:
+def input_causes(wait: Wait, cpu_only: bool, causes: Causes) -> None:
     """Add the input pipeline's causes of one profile to `causes`."""
-    if not wait.get("measured"):
+    if not isinstance(wait, InputWait) or not wait.measured:
         return
     p = Pipeline(wait, cpu_only, causes)
     for unit in st.units(p.stages):
@@ -540,7 +541,7 @@ def no_prefetch(p: Pipeline) -> None:
         where = f"the Prefetch at {deeper[0]['path']} runs only what lies below it ahead"
     else:
         above = p.input_ms
-        autotune = " (autotune is off, so tf.data injected none)" if p.wait.get("autotune") is False else ""
+        autotune = " (autotune is off, so tf.data injected none)" if p.wait.autotune is False else ""
         where = f"no Prefetch anywhere in the pipeline{autotune}"
     p.causes.add(
         "no-prefetch",

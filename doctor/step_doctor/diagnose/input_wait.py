@@ -49,6 +49,7 @@ from step_doctor.diagnose.tf_names import (  # noqa: F401 (the causes read these
     kind_of,
     op_category,
 )
+from step_doctor.diagnose.wait_record import InputWait, Unmeasured, Wait
 
 
 def _op_type(event: Event) -> str:
@@ -211,10 +212,10 @@ def _stages(tree: _Tree, lo_all: float, hi_all: float) -> dict[str, _Stage]:
     return stages
 
 
-def analyze(trace: HostTrace, steps: Steps | None) -> dict:
-    """Input wait per step, the blocking stages and the facts behind them (JSON-ready, per-step figures)."""
+def analyze(trace: HostTrace, steps: Steps | None) -> Wait:
+    """Input wait per step, the blocking stages and the facts behind them (per-step figures)."""
     if steps is None or not steps.windows:
-        return {"measured": False, "reason": "the profile shows no training steps"}
+        return Unmeasured("the profile shows no training steps")
     windows = steps.windows
     n = len(windows)
     lo_all, hi_all = windows[0][0], windows[-1][1]
@@ -266,8 +267,8 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
     report = _report(steps, stages, step_us, waits_per_step, wait_events, work["compute_us"].tolist(), getnext_floor, n)
     xla.apply(report, xla.measure(trace, steps))
     stalls.apply(report, split)
-    report["host_compute_ms"] = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
-    report["device"] = activity.device_figures(work, n)
+    report.host_compute_ms = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
+    report.device = activity.device_figures(work, n)
     return report
 
 
@@ -404,7 +405,7 @@ def _stage_row(s: _Stage, n: int, total_step: float) -> dict:
     }
 
 
-def _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, floor, n) -> dict:
+def _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, floor, n) -> InputWait:
     total_step = sum(step_us)
     mean_step = total_step / n
     measured = bool(wait_events)
@@ -425,33 +426,33 @@ def _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, flo
     compute_ms = sum(compute_us) / n / 1e3
     calls_per_step = len(wait_events) / n
     floor_ms = (floor or 0.0) / 1e3
-    return {
-        "measured": measured,
-        "reason": None if measured else "no tf.data GetNext ran inside the steps: the input came from outside tf.data",
-        "step_source": steps.source,
-        "inferred": steps.inferred,
-        "function": steps.function,
-        "steps": n,
-        "steps_left_out": steps.left_out,
-        "step_ms": round(mean_step / 1e3, 3),
-        "input_ms": round(wait_ms, 3) if measured else None,
-        "input_percent": round(100 * sum(waits_per_step) / total_step, 1) if measured and total_step else None,
-        "getnext_per_step": round(calls_per_step, 2),
-        "getnext_floor_ms": round(floor_ms, 3) if measured else None,
-        "compute_ms": round(compute_ms, 3),
-        "overhead_ms": round(max(mean_step / 1e3 - (wait_ms or 0.0) - compute_ms, 0.0), 3),
-        "per_step": [
+    return InputWait(
+        measured=measured,
+        reason=None if measured else "no tf.data GetNext ran inside the steps: the input came from outside tf.data",
+        step_source=steps.source,
+        inferred=steps.inferred,
+        function=steps.function,
+        steps=n,
+        steps_left_out=steps.left_out,
+        step_ms=round(mean_step / 1e3, 3),
+        input_ms=round(wait_ms, 3) if measured else None,
+        input_percent=round(100 * sum(waits_per_step) / total_step, 1) if measured and total_step else None,
+        getnext_per_step=round(calls_per_step, 2),
+        getnext_floor_ms=round(floor_ms, 3) if measured else None,
+        compute_ms=round(compute_ms, 3),
+        overhead_ms=round(max(mean_step / 1e3 - (wait_ms or 0.0) - compute_ms, 0.0), 3),
+        per_step=[
             {"step": name, "step_ms": round(s / 1e3, 3), "input_ms": round(w / 1e3, 3)}
             for name, s, w in zip(steps.names, step_us, waits_per_step)
         ],
-        "cpu_budget": budget,
-        "autotune": any("cpu_budget" in s.params for s in roots) if roots else None,
-        "batch_size": batch,
-        "prefetch": [
+        cpu_budget=budget,
+        autotune=any("cpu_budget" in s.params for s in roots) if roots else None,
+        batch_size=batch,
+        prefetch=[
             {"path": st["path"], "injected": st["injected"], "buffer_limit": st["params"].get("buffer_limit")}
             for st in out_stages
             if st["kind"] == "Prefetch"
         ],
-        "unattributed_ms": round(unattributed / n / 1e3, 3),
-        "stages": out_stages,
-    }
+        unattributed_ms=round(unattributed / n / 1e3, 3),
+        stages=out_stages,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from step_doctor.diagnose import wait_record
 from step_doctor.diagnose.device import DeviceView, view
 from step_doctor.diagnose.input_causes import input_causes
 from step_doctor.diagnose.recommendation import Causes, Recommendation, rank
@@ -9,6 +10,7 @@ from step_doctor.diagnose.stalls import working_step
 from step_doctor.diagnose.step_causes import device_causes, per_step_overhead, recompilation
 from step_doctor.diagnose.structural import latent_fixes, padding_latent, structural_fixes, unbucketed_padding
 from step_doctor.diagnose.verdict import INPUT_BOUND
+from step_doctor.diagnose.wait_record import InputWait
 
 
 def recommendations(
@@ -26,10 +28,10 @@ def recommendations(
     device = device or view(profile)
     if profile["input_bound_percent"] is None or not profile["step_time_ms"]:
         return []
-    wait = profile.get("input_pipeline") or {}
+    wait = wait_record.of(profile)
     pipeline = Causes(working_step(wait))  # figures of the host trace's steps, without their stall
     input_causes(wait, device.cpu_only, pipeline)
-    if wait.get("measured"):
+    if isinstance(wait, InputWait) and wait.measured:
         per_step_overhead(wait, pipeline)
         recompilation(wait, pipeline)
     step = Causes(profile["step_time_ms"])  # figures of xprof's step breakdown
@@ -48,9 +50,9 @@ def latent(
     """A run that is not input-bound: the structural defects its pipeline tree shows that `ranked` does not fix, as
     notes of what they would cost where the step is faster (diagnose/structural.py); a padded_batch without
     bucketing that does not rank among them (its padding share unknown, or its cost under 5 %) too."""
-    wait = profile.get("input_pipeline") or {}
+    wait = wait_record.of(profile)
     share = profile["input_bound_percent"]
-    if share is None or share >= INPUT_BOUND or not profile["step_time_ms"] or not wait.get("measured"):
+    if share is None or share >= INPUT_BOUND or not profile["step_time_ms"] or not wait.measured:
         return []
     cpu_only = (device or view(profile)).cpu_only
     padded = [

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from step_doctor.diagnose import xla
+from step_doctor.diagnose import wait_record, xla
 from step_doctor.diagnose.recommendation import CORRECTNESS, Recommendation
 from step_doctor.diagnose.report import HOW_TO_CAPTURE
 from step_doctor.diagnose.stalls import left_out
+from step_doctor.diagnose.wait_record import InputWait, Wait
 
 
 def _summary(run: str, item: dict) -> str:
@@ -18,15 +19,15 @@ def _summary(run: str, item: dict) -> str:
     first = Recommendation.from_dict(item["recommendations"][0]) if item["recommendations"] else None
     fix = f"; first: {first.cause} ({first.estimated_gain:.2f}x)" if first else "; nothing to fix"
     share = profile["input_bound_percent"]
-    wait = profile["input_pipeline"] or {}
-    step = wait.get("step_ms") or profile["step_time_ms"]
+    wait = wait_record.of(profile)
+    step = (wait.step_ms if isinstance(wait, InputWait) else None) or profile["step_time_ms"]
     stall = f" ({left_out(wait):.1f} ms of it stalled, left out)" if left_out(wait) > 0 else ""
     return f"{run}: {item['verdict'].upper()}, {share:.1f}% of a {step:.1f} ms step{stall} waits for input ({how}){fix}"
 
 
-def _tree(wait: dict) -> list[str]:
+def _tree(wait: InputWait) -> list[str]:
     lines = []
-    for s in wait.get("stages", []):
+    for s in wait.stages:
         depth = s["path"].count("::") - 1
         notes = []
         if s["injected"]:
@@ -38,14 +39,14 @@ def _tree(wait: dict) -> list[str]:
             notes.append(
                 f"fn {s['functions']['work_ms']:.1f} ms/step, {s['functions']['concurrency'] or 0:.1f} at a time"
             )
-        if s["blocking_ms"] + s["fill_ms"] >= 0.01 * wait["step_ms"]:
+        if s["blocking_ms"] + s["fill_ms"] >= 0.01 * wait.step_ms:
             notes.append(f"holds the step {s['blocking_ms'] + s['fill_ms']:.1f} ms/step")
         lines.append("    " + "  " * max(depth, 0) + s["kind"] + (f"  [{'; '.join(notes)}]" if notes else ""))
     return lines
 
 
 def _figures(profile: dict, device: dict) -> list[str]:
-    stall = left_out(profile.get("input_pipeline") or {})
+    stall = left_out(wait_record.of(profile))
     without = f" (without the step's {stall:.1f} ms stall, below)" if stall > 0 else ""
     busy = device["busy_percent"]
     if busy is not None:
@@ -61,11 +62,11 @@ def _figures(profile: dict, device: dict) -> list[str]:
     ]
 
 
-def _source(profile: dict, wait: dict) -> str:
+def _source(profile: dict, wait: Wait) -> str:
     source = profile["step_source"] or "none found"
-    if not wait.get("measured"):
+    if not isinstance(wait, InputWait) or not wait.measured:
         return source
-    per_window, replicas = wait.get("steps_per_window") or 1, wait.get("replicas") or 1
+    per_window, replicas = wait.steps_per_window or 1, wait.replicas or 1
     if replicas > 1:
         source += f", {replicas} replicas (a distribution strategy): each step reads one batch per replica"
     if per_window > 1:
@@ -73,12 +74,14 @@ def _source(profile: dict, wait: dict) -> str:
     return source
 
 
-def _stall(wait: dict) -> list[str]:
+def _stall(wait: Wait) -> list[str]:
     """The step time without recorded work (diagnose/stalls.py), where there is any."""
-    stall = (wait.get("stall_ms") or 0.0) if wait.get("measured") else 0.0
+    if not isinstance(wait, InputWait) or not wait.measured:
+        return []
+    stall = wait.stall_ms or 0.0
     if stall <= 0:
         return []
-    found, outside = wait["stall"], left_out(wait)
+    found, outside = wait.stall, left_out(wait)
     parts = []
     if found["gaps_ms"]:
         parts.append(
@@ -91,7 +94,7 @@ def _stall(wait: dict) -> list[str]:
             "took far longer than the same in the other steps (or work done only in some steps, e.g. a callback "
             "every N steps)"
         )
-    text = f"  no recorded work: {stall:.1f} ms per step ({100 * stall / wait['step_ms']:.0f}% of the step), "
+    text = f"  no recorded work: {stall:.1f} ms per step ({100 * stall / wait.step_ms:.0f}% of the step), "
     text += "; ".join(parts) + ". Per-step overhead leaves it out."
     if found["pipeline_ms"]:
         text += (
@@ -103,15 +106,15 @@ def _stall(wait: dict) -> list[str]:
             f" The other {outside:.1f} ms shows no work of the pipeline either: the process was likely descheduled "
             "(other load), so shares and estimates are of the step without it."
         )
-        if outside >= 0.1 * wait["step_ms"]:
+        if outside >= 0.1 * wait.step_ms:
             text += " Figures from a busy machine: profile on a quieter one to confirm them."
     return [text]
 
 
-def _pipeline(wait: dict) -> list[str]:
-    if not wait.get("measured"):
+def _pipeline(wait: Wait) -> list[str]:
+    if not isinstance(wait, InputWait) or not wait.measured:
         return []
-    batch, prefetch = wait.get("batch_size"), wait["prefetch"]
+    batch, prefetch = wait.batch_size, wait.prefetch
     if prefetch:
         kinds = ", ".join("injected by tf.data" if p["injected"] else "yours" for p in prefetch)
         prefetch_text = f"yes ({kinds})"
@@ -119,7 +122,7 @@ def _pipeline(wait: dict) -> list[str]:
         prefetch_text = "none"
     return [
         f"  batch: {batch if batch else 'unknown'}; prefetch: {prefetch_text}; tf.data cores: "
-        f"{wait.get('cpu_budget') or 'unknown'}; the tf.data pipeline as it ran:",
+        f"{wait.cpu_budget or 'unknown'}; the tf.data pipeline as it ran:",
         *_tree(wait),
     ]
 
@@ -166,7 +169,7 @@ def _run(item: dict) -> list[str]:
     if item["verdict"] == "unreadable":
         return [f"  {item['error']}"]
     profile = item["profile"]
-    wait = profile["input_pipeline"]
+    wait = wait_record.of(profile)
     size = f", {profile['profile_mb']:,.1f} MB" if profile.get("profile_mb") is not None else ""
     lines = [f"  profile: {profile['session']} ({profile['hardware_type']}, {profile['steps']} steps{size})"]
     lines += [f"  {note}" for note in [profile.get("large_profile"), *profile.get("skipped", [])] if note]

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from step_doctor.diagnose import analysis, xla
+from step_doctor.diagnose import analysis, wait_record, xla
 from step_doctor.diagnose.device import DeviceView, run_record, view
 from step_doctor.diagnose.recommend import latent, recommendations
 from step_doctor.diagnose.structural import padding_share
 from step_doctor.diagnose.verdict import verdict
+from step_doctor.diagnose.wait_record import InputWait
 from step_doctor.errors import UserError
 
 HOW_TO_CAPTURE = (
@@ -82,19 +83,19 @@ def diagnose(logdir: str | Path) -> dict:
         except analysis.ProfileError as error:
             runs[run] = {"verdict": "unreadable", "error": str(error), "recommendations": [], "latent": []}
             continue
-        wait = profile["input_pipeline"]
+        wait = wait_record.of(profile)
         record = run_record(session)
         device, padding = view(profile, record), padding_share(record)
         ranked = recommendations(profile, _run_config(session), device, padding)
         runs[run] = {
             "verdict": verdict(profile, device),
             "steps_inferred": profile["steps_inferred"],
-            "profile": profile,
+            "profile": {**profile, "input_pipeline": wait.to_json()},
             "device": device.to_dict(),
             "recommendations": [r.to_dict() for r in ranked],
             "latent": [r.to_dict() for r in latent(profile, ranked, device, padding)],
             "how_to_capture": None if profile["has_step_markers"] else HOW_TO_CAPTURE,
-            "unmeasured": None if profile["input_bound_percent"] is not None else wait.get("reason"),
+            "unmeasured": None if profile["input_bound_percent"] is not None else wait.reason,
             "notes": notes(profile, device),
         }
     return {"logdir": str(logdir), "runs": runs}
@@ -105,14 +106,14 @@ def notes(profile: dict, device: DeviceView | None = None) -> list[str]:
     producers that left no events."""
     device = device or view(profile)
     found = [device.unmeasured] if device.unmeasured else []
-    wait = profile["input_pipeline"]
-    if not wait.get("measured"):
+    wait = wait_record.of(profile)
+    if not isinstance(wait, InputWait) or not wait.measured:
         return found
     found += [CPU_ONLY_NOTE] if device.cpu_only else []
     found += xla.notes(wait)
-    lost, input_ms = wait.get("unattributed_ms") or 0.0, wait["input_ms"] or 0.0
-    if input_ms >= 0.1 * wait["step_ms"] and lost >= 0.25 * input_ms:
-        held = max((s for s in wait["stages"] if s["pass_through"]), key=lambda s: s["blocking_ms"])
+    lost, input_ms = wait.unattributed_ms or 0.0, wait.input_ms or 0.0
+    if input_ms >= 0.1 * wait.step_ms and lost >= 0.25 * input_ms:
+        held = max((s for s in wait.stages if s["pass_through"]), key=lambda s: s["blocking_ms"])
         found.append(
             f"Unseen producers: {lost:.1f} ms of the {input_ms:.1f} ms input wait per step "
             f"({100 * lost / input_ms:.0f} %) waits on {held['path']}, whose producer threads left no events in this "

@@ -30,6 +30,7 @@ import numpy as np
 
 from step_doctor.diagnose import hosttrace
 from step_doctor.diagnose.activity import STALL_GAP_US
+from step_doctor.diagnose.wait_record import InputWait, Wait
 
 FAR_OUT = 3.0  # Tukey's far-out fence: Q3 + 3 IQR
 MIN_STEPS = 5  # quartiles of fewer steps say nothing about which one is far out
@@ -77,37 +78,39 @@ def far_out(times: list) -> list[float]:
     return [float(t) - typical if t > fence else 0.0 for t in times]
 
 
-def apply(report: dict, split: dict) -> None:
-    """The stall (`split`) into the input wait's report (diagnose/input_wait.py) beside the step figures, taken
+def apply(report: InputWait, split: dict) -> None:
+    """The stall (`split`) into the input wait's record (diagnose/input_wait.py) beside the step figures, taken
     out of per-step overhead and of the model's compute; and the input iterators read per step, so that steps per
     window counts steps, not replicas."""
-    report["stall_ms"] = split["stall_ms"]
-    report["stall"] = {k: split[k] for k in ("gaps_ms", "pipeline_ms", "stretched_steps", "stretched_ms")}
+    report.stall_ms = split["stall_ms"]
+    report.stall = {k: split[k] for k in ("gaps_ms", "pipeline_ms", "stretched_steps", "stretched_ms")}
     working = working_step(report)  # the shares a fix acts on
-    if working < report["step_ms"] and report["input_ms"] is not None and working > 0:
-        report["input_percent"] = round(100 * report["input_ms"] / working, 1)
-    report["compute_ms"] = round(max(report["compute_ms"] - split["compute_stretched_ms"], 0.0), 3)
+    if working < report.step_ms and report.input_ms is not None and working > 0:
+        report.input_percent = round(100 * report.input_ms / working, 1)
+    report.compute_ms = round(max(report.compute_ms - split["compute_stretched_ms"], 0.0), 3)
     outside = split["stall_ms"] - split["compute_stretched_ms"]  # the rest of the stall lay outside the model's ops
-    report["overhead_ms"] = round(max(report["overhead_ms"] - outside, 0.0), 3)
-    for row, stall in zip(report["per_step"], split["stall_us"]):
+    report.overhead_ms = round(max(report.overhead_ms - outside, 0.0), 3)
+    for row, stall in zip(report.per_step, split["stall_us"]):
         row["stall_ms"] = round(stall / 1e3, 3)
-    report["replicas"] = split["replicas"]
-    per_window = report["getnext_per_step"] / split["replicas"]
-    report["steps_per_window"] = round(per_window) if per_window >= 1.5 else 1
+    report.replicas = split["replicas"]
+    per_window = report.getnext_per_step / split["replicas"]
+    report.steps_per_window = round(per_window) if per_window >= 1.5 else 1
 
 
-def working_step(wait: dict) -> float:
+def working_step(wait: Wait) -> float:
     """The step without the part of its stall in which nothing of the process ran: the machine's other load is no
     property of the program, and no fix removes it. Shares and estimates are of this step. The part in which the
     input pipeline's threads ran stays: on a CPU-only host they held the cores the step waited for, which a fix
     of the pipeline gives back."""
-    external = (wait.get("stall_ms") or 0.0) - ((wait.get("stall") or {}).get("pipeline_ms") or 0.0)
-    return max((wait.get("step_ms") or 0.0) - max(external, 0.0), 0.0)
+    if not isinstance(wait, InputWait):
+        return 0.0
+    external = (wait.stall_ms or 0.0) - ((wait.stall or {}).get("pipeline_ms") or 0.0)
+    return max((wait.step_ms or 0.0) - max(external, 0.0), 0.0)
 
 
-def left_out(wait: dict) -> float:
+def left_out(wait: Wait) -> float:
     """The part of the step's stall in which nothing of the process ran: left out of shares and estimates."""
-    return max((wait.get("step_ms") or 0.0) - working_step(wait), 0.0)
+    return max((wait.step_ms or 0.0) - working_step(wait), 0.0) if isinstance(wait, InputWait) else 0.0
 
 
 def caller_time(trace: hosttrace.HostTrace, windows: list[tuple[float, float]], busy: list) -> list[dict]:

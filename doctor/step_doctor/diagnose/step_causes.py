@@ -11,21 +11,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from step_doctor.diagnose import analysis, xla
+from step_doctor.diagnose import analysis, wait_record, xla
 from step_doctor.diagnose.recommendation import Causes, ms, pct
 from step_doctor.diagnose.stalls import left_out, working_step
+from step_doctor.diagnose.wait_record import InputWait, Wait
 
 TARGET_BATCH = 256
 SPE = 16  # steps_per_execution suggested when the batch cannot grow
 
 
-def per_step_overhead(wait: dict, causes: Causes) -> None:
+def per_step_overhead(wait: InputWait, causes: Causes) -> None:
     """Step time that is neither input wait nor the model's ops (nor compiling them): small-batch, else
     per-step-overhead."""
-    overhead, batch, step = wait["overhead_ms"], wait.get("batch_size"), working_step(wait)
+    overhead, batch, step = wait.overhead_ms, wait.batch_size, working_step(wait)
     if overhead <= 0 or xla.unseen_compiles(wait):  # what the trace cannot tell from compiling (diagnose/xla.py)
         return
-    compiled = " nor compiling them" if wait.get("compile_ms") else ""
+    compiled = " nor compiling them" if wait.compile_ms else ""
     figures = (
         f"a step takes {ms(step)}{stall_words(wait)}; {ms(overhead)} of it ({pct(overhead, step)}) is neither waiting "
         f"for input nor running the model's ops{compiled} (Python, Keras callbacks, dispatching the step)"
@@ -54,7 +55,7 @@ def per_step_overhead(wait: dict, causes: Causes) -> None:
         )
 
 
-def stall_words(wait: dict) -> str:
+def stall_words(wait: Wait) -> str:
     """What the step figure leaves out on a busy machine (diagnose/stalls.py), said where it did."""
     stall = left_out(wait)
     if stall <= 0:
@@ -85,7 +86,7 @@ def device_causes(profile: dict, config: dict, busy: float | None, causes: Cause
     train = config.get("train")
     b = Breakdown(profile, train.get("precision") if isinstance(train, dict) else None, busy)
     small_kernels(b, causes)
-    if not (profile.get("input_pipeline") or {}).get("xla", {}).get("used"):  # else the trace's (recompilation)
+    if not xla.figures_of(wait_record.of(profile)).get("used"):  # else the trace's (recompilation)
         compiled_per_xprof(b, causes)
     device_copies(b, causes)
     if b.busy is not None:
@@ -119,12 +120,12 @@ STATIC_SHAPES = (
 )
 
 
-def recompilation(wait: dict, causes: Causes) -> None:
+def recompilation(wait: InputWait, causes: Causes) -> None:
     """XLA compiling the step again for the new shapes its batches keep bringing (the trace's compile events)."""
-    seen = wait.get("xla") or {}
+    seen = wait.xla or {}
     if not seen.get("churn"):
         return
-    step, compile_ms, each = working_step(wait), wait["compile_ms"], seen["compile_each_ms"]
+    step, compile_ms, each = working_step(wait), wait.compile_ms, seen["compile_each_ms"]
     shapes = seen["shapes"] or seen["compiles"]
     ran = seen.get("ran_shapes") or []
     examples = f"; the steps ran it compiled for {', '.join(ran[:4])}{', ...' if len(ran) > 4 else ''}" if ran else ""

@@ -37,6 +37,7 @@ from step_doctor.diagnose.input_causes import (
 )
 from step_doctor.diagnose.recommendation import LATENT, Causes, Recommendation, ms, pct
 from step_doctor.diagnose.stalls import working_step
+from step_doctor.diagnose.wait_record import InputWait, Wait
 
 COVERS = {  # a structural fix -> the recommendations that already make it for the same stage
     "no-prefetch": {"no-prefetch"},
@@ -47,9 +48,9 @@ COVERS = {  # a structural fix -> the recommendations that already make it for t
 }
 
 
-def structural_fixes(wait: dict, cpu_only: bool, listed: list[Recommendation]) -> list[Recommendation]:
+def structural_fixes(wait: Wait, cpu_only: bool, listed: list[Recommendation]) -> list[Recommendation]:
     """The structural fixes of an input-bound run's pipeline that `listed` does not make, most time removed first."""
-    if not wait.get("measured"):
+    if not isinstance(wait, InputWait) or not wait.measured:
         return []
     p = Pipeline(wait, cpu_only, Causes(working_step(wait)))
     no_prefetch(p)
@@ -126,28 +127,28 @@ def running_ahead_at_root(p: Pipeline) -> None:
     )
 
 
-def production(wait: dict) -> tuple[float, str]:
+def production(wait: InputWait) -> tuple[float, str]:
     """The wall time the pipeline needs per batch by itself, and what sets it: the input wait where batches are made
     while the model waits, else the busiest stage's own time per step (its function calls, or its file reads)."""
     busiest, most = None, 0.0
-    for s in wait["stages"]:
+    for s in wait.stages:
         own = s["functions"]["wall_ms"] if s["functions"] else (s["busy_ms"] if s["kind"] in iw.READERS else 0.0)
         if not s["pass_through"] and own > most:
             busiest, most = s, own
-    if wait["input_ms"] >= most or busiest is None:
-        return wait["input_ms"], "the batches are made while the model waits"
+    if wait.input_ms >= most or busiest is None:
+        return wait.input_ms, "the batches are made while the model waits"
     return most, f"{st.name(busiest)} is busy that long per batch"
 
 
-def latent_fixes(wait: dict, cpu_only: bool, listed: list[Recommendation]) -> list[Recommendation]:
+def latent_fixes(wait: InputWait, cpu_only: bool, listed: list[Recommendation]) -> list[Recommendation]:
     """The structural fixes of a run that is not input-bound: what each costs here, and where the step is faster."""
     found = structural_fixes(wait, cpu_only, listed)
     if not found:
         return []
     step = working_step(wait)
-    rest, (made, sets) = max(step - wait["input_ms"], 0.0), production(wait)
-    stages = {s["path"]: s for s in wait["stages"]}
-    cores = wait.get("cpu_budget") or 2
+    rest, (made, sets) = max(step - wait.input_ms, 0.0), production(wait)
+    stages = {s["path"]: s for s in wait.stages}
+    cores = wait.cpu_budget or 2
     if cpu_only:  # the pipeline ran on the cores the model used: its time per batch is stretched by the model's
         when = (
             f"in this profile it took {ms(made)} per batch ({sets}) on cores it shared with the model, so alone it "
@@ -249,16 +250,16 @@ def _padded(stage: dict, stages: list[dict]) -> str | None:
     return "to the longest of each batch or to a fixed length (the trace does not record which)"
 
 
-def unbucketed_padding(wait: dict, share: float | None) -> list[Recommendation]:
+def unbucketed_padding(wait: Wait, share: float | None) -> list[Recommendation]:
     """A padded_batch with no bucketing in the tree, with the run's padding share where it recorded one: what the
     model computes on padding is the time it removes (at most; bucketing leaves a little padding)."""
-    if not wait.get("measured"):
+    if not isinstance(wait, InputWait) or not wait.measured:
         return []
     causes = Causes(working_step(wait))
-    compute = wait.get("compute_ms") or 0.0
-    xla = wait.get("xla") or {}
-    for s in wait["stages"]:
-        how = _padded(s, wait["stages"])
+    compute = wait.compute_ms or 0.0
+    xla = wait.xla or {}
+    for s in wait.stages:
+        how = _padded(s, wait.stages)
         if how is None:
             continue
         batch = s["params"].get("batch_size", "?")

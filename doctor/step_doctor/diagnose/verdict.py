@@ -10,9 +10,11 @@ where a device was there but its share of the step is not measured (diagnose/dev
 
 from __future__ import annotations
 
+from step_doctor.diagnose import wait_record
 from step_doctor.diagnose.analysis import INPUT_BOUND_HIGH as INPUT_BOUND
 from step_doctor.diagnose.device import DeviceView, view
 from step_doctor.diagnose.stalls import left_out
+from step_doctor.diagnose.wait_record import InputWait
 
 
 def verdict(profile: dict, device: DeviceView | None = None) -> str:
@@ -24,8 +26,8 @@ def verdict(profile: dict, device: DeviceView | None = None) -> str:
     if share >= INPUT_BOUND:
         return "input-bound"
     if device.cpu_only:  # the CPU is the compute device
-        wait = profile.get("input_pipeline") or {}
-        host = (wait.get("overhead_ms") or 0.0) + (wait.get("compile_ms") or 0.0)
+        wait = wait_record.of(profile)
+        host = (wait.overhead_ms or 0.0) + (wait.compile_ms or 0.0) if isinstance(wait, InputWait) else 0.0
         return "host-bound" if host >= 0.5 * (profile["step_time_ms"] - left_out(wait)) else "device-bound"
     if device.busy_percent is None:
         return "not-input-bound"

@@ -31,6 +31,7 @@ from step_doctor.diagnose import hlo, xspace
 from step_doctor.diagnose.hosttrace import HostTrace
 from step_doctor.diagnose.step_windows import Steps
 from step_doctor.diagnose.tf_names import XLA_COMPILE_ONCE, XLA_COMPILES, XLA_EXECUTABLE, XLA_RUNS
+from step_doctor.diagnose.wait_record import InputWait, Wait
 
 CHURN = 0.5  # steps that compile, or distinct shapes, above this share of the steps: the shapes keep changing
 MIN_STEADY = 2  # warm-up steps are left out only where at least this many steps remain
@@ -137,11 +138,11 @@ def churns(compile_steps: int, shapes: int, steps: int) -> bool:
     return compile_steps > CHURN * steps or shapes > CHURN * steps
 
 
-def unseen_compiles(wait: dict) -> bool:
+def unseen_compiles(wait: Wait) -> bool:
     """XLA runs the step and the batches keep changing shape, but the trace shows no compile: each new shape compiled
     where the profile records nothing of it (a TensorFlow whose compiler records no event), so per-step overhead may
     hold compile time that cannot be told apart."""
-    xla = wait.get("xla") or {}
+    xla = figures_of(wait)
     return bool(xla.get("used")) and not xla["compiles"] and not xla["warm_up"] and xla["shapes"] > CHURN * xla["steps"]
 
 
@@ -289,13 +290,18 @@ def measure(trace: HostTrace, steps: Steps) -> dict:
     }
 
 
-def apply(report: dict, figures: dict) -> None:
-    """XLA's figures into the input wait's report (input_wait.py): compile time is taken out of per-step overhead."""
-    report["xla"] = figures
-    report["compile_ms"] = figures["compile_ms"]
-    report["overhead_ms"] = round(max(report["overhead_ms"] - figures["compile_ms"], 0.0), 3)
-    for row, compile_ms in zip(report["per_step"], figures["per_step_ms"]):
+def apply(report: InputWait, figures: dict) -> None:
+    """XLA's figures into the input wait's record (input_wait.py): compile time is taken out of per-step overhead."""
+    report.xla = figures
+    report.compile_ms = figures["compile_ms"]
+    report.overhead_ms = round(max(report.overhead_ms - figures["compile_ms"], 0.0), 3)
+    for row, compile_ms in zip(report.per_step, figures["per_step_ms"]):
         row["compile_ms"] = compile_ms
+
+
+def figures_of(wait: Wait) -> dict:
+    """XLA's figures of a measured input wait (measure's), else none."""
+    return (wait.xla if isinstance(wait, InputWait) else None) or {}
 
 
 def _compiled_for(xla: dict) -> str:
@@ -306,9 +312,9 @@ def _compiled_for(xla: dict) -> str:
     return f" (compiled for {', '.join(shapes[:SHOWN])}{more})"
 
 
-def summary(wait: dict) -> str | None:
+def summary(wait: Wait) -> str | None:
     """One line on XLA in the steps, for the text report; None where XLA did not run."""
-    xla = wait.get("xla") or {}
+    xla = figures_of(wait)
     if not xla.get("used"):
         return None
     parts = [f"{xla['runs_per_step']:g} run(s) of the compiled step per step"]
@@ -327,10 +333,10 @@ def summary(wait: dict) -> str | None:
     return "XLA: " + "; ".join(parts)
 
 
-def notes(wait: dict) -> list[str]:
+def notes(wait: Wait) -> list[str]:
     """What the trace says of XLA that no cause does: warm-up left out, compiles it cannot show, shapes that would
     compile again if XLA were on."""
-    xla = wait.get("xla") or {}
+    xla = figures_of(wait)
     steps, shapes = xla.get("steps") or 0, xla.get("shapes") or 0
     if not xla.get("used"):
         if shapes >= 4 and shapes > CHURN * steps:
