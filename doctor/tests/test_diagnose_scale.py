@@ -343,7 +343,7 @@ def test_device_figures_equal_a_direct_count_of_the_device_plane(gpu_profile):
                     kernels += lo <= ts < hi
         busy += input_wait._clip_union(intervals, lo, hi)
     n = len(steps.windows)
-    device = wait["device"]
+    device = wait.device
     assert device["busy_ms"] == pytest.approx(busy / n / 1e3, abs=1e-3)
     assert device["kernels_per_step"] == pytest.approx(kernels / n, abs=0.05)
     assert device["h2d_ms"] == pytest.approx(h2d / n / 1e3, abs=1e-3)
