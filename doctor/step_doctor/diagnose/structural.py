@@ -23,9 +23,8 @@ import dataclasses
 
 from step_doctor.diagnose import input_wait as iw
 from step_doctor.diagnose import stages as st
+from step_doctor.diagnose.blame import Blame, Pipeline
 from step_doctor.diagnose.input_causes import (
-    Blame,
-    Pipeline,
     decode_every_epoch,
     no_prefetch,
     prefetched,

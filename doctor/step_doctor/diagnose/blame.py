@@ -1,0 +1,156 @@
+"""One profile's input wait as the input causes read it: the pipeline's figures, and the wait charged to one stage.
+
+The causes (diagnose/input_causes.py) and the structural fixes (diagnose/structural.py) read the input wait's
+record (diagnose/wait_record.py) through these, so that each figure, and each sentence about it, is made once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from step_doctor.diagnose import stages as st
+from step_doctor.diagnose.recommendation import Causes, ms, pct
+from step_doctor.diagnose.stalls import left_out, working_step
+from step_doctor.diagnose.wait_record import InputWait
+
+ASSUMED_CORES = 2  # where the profile does not record tf.data's cores (cpu_budget on its Root iterator)
+
+
+@dataclass
+class Pipeline:
+    """One profile's input wait, as every input cause reads it."""
+
+    wait: InputWait
+    cpu_only: bool
+    causes: Causes
+
+    @property
+    def stages(self) -> list[dict]:
+        return self.wait.stages
+
+    @property
+    def step(self) -> float:
+        return working_step(self.wait)
+
+    @property
+    def input_ms(self) -> float:
+        return self.wait.input_ms or 0.0
+
+    @property
+    def other_ms(self) -> float:
+        """The model's step and per-step overhead: what a prefetch could overlap."""
+        return max(self.step - self.input_ms, 0.0)
+
+    @property
+    def cores(self) -> int:
+        return self.wait.cpu_budget or ASSUMED_CORES
+
+    @property
+    def cores_note(self) -> str:
+        if self.wait.cpu_budget:
+            return f"the {self.cores} cores tf.data was given in this profile"
+        return self.cores_unknown
+
+    @property
+    def cores_words(self) -> str:
+        return f"{self.cores} cores" if self.wait.cpu_budget else self.cores_unknown
+
+    @property
+    def cores_unknown(self) -> str:
+        return (
+            f"{ASSUMED_CORES} cores (cores unknown: this profile does not record how many cores tf.data had; "
+            f"{ASSUMED_CORES} is the fewest a parallel fix can use, a host with more gains more)"
+        )
+
+    @property
+    def waits(self) -> str:
+        stall = left_out(self.wait)
+        without = f", without its {ms(stall)} stall" if stall > 0 else ""
+        return (
+            f"{pct(self.input_ms, self.step)} of step time ({ms(self.input_ms)} of {ms(self.step)}{without}) waits "
+            "for input"
+        )
+
+
+@dataclass
+class Blame:
+    """The wait charged to one stage (with the stages grouped under it), and that stage's facts."""
+
+    unit: st.Unit
+    pipeline: Pipeline
+
+    @property
+    def head(self) -> dict:
+        return self.unit.head
+
+    @property
+    def ms(self) -> float:
+        return self.unit.blocking_ms
+
+    @property
+    def fn(self) -> dict | None:
+        return self.head["functions"]
+
+    @cached_property
+    def shares(self) -> dict:
+        return st.op_shares(self.fn)
+
+    @property
+    def concurrency(self) -> float:
+        return (self.fn or {}).get("concurrency") or 1.0
+
+    @property
+    def text(self) -> str:
+        step = self.pipeline.step
+        return f"{self.pipeline.waits}; {ms(self.ms)} of it ({pct(self.ms, step)} of the step) on {st.name(self.head)}"
+
+    @property
+    def parallelism(self):
+        return self.head["params"].get("parallelism")
+
+    @property
+    def ran(self) -> str:
+        return st.function_line(self.fn, self.parallelism)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.shares.get("augmentation", 0.0) == 0.0 and self.shares.get("python", 0.0) == 0.0
+
+    @property
+    def worked(self) -> float:
+        """The part of the wait the stage's own function work explains: its blame, at most that work's wall time."""
+        return min(self.ms, self.fn["wall_ms"]) if self.fn else self.ms
+
+    @property
+    def counted(self) -> str:
+        """What an estimate built on `worked` leaves out, said where the trace shows less work than wait."""
+        unseen = self.ms - self.worked
+        if unseen < 0.1 * self.ms:
+            return ""
+        return (
+            f" It counts the {ms(self.worked)} per step of the wait on this stage that its function's work explains; "
+            f"the other {ms(unseen)} shows no work of it in the trace (hand-offs between its threads, or threads "
+            "waiting for a core on a busy machine), which the fix may remove too."
+        )
+
+    @property
+    def spread_over_cores(self) -> float:
+        """What spreading this stage's work over the pipeline's cores would remove."""
+        return self.worked * max(1 - self.concurrency / self.pipeline.cores, 0.0)
+
+    def add(self, cause, title, removes_ms, evidence, fix, caveat=None) -> None:
+        self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head["path"])
+
+    @property
+    def cache_line(self) -> str:
+        element = st.element_bytes(self.head)
+        return (
+            "its ops are deterministic (no augmentation op ran), so `.cache()` right after it keeps its output and "
+            "removes it from every epoch after the first"
+            + (
+                f" ({element / 1e6:.2f} MB per element in memory; `.cache(filename)` writes to disk instead)"
+                if element
+                else ""
+            )
+        )
