@@ -98,7 +98,8 @@ def _hardware(space) -> str:
 
 
 def analyze_session(session: Path) -> dict:
-    """The step breakdown, input share and blocking tf.data stages of one profile session."""
+    """The step breakdown, input share and blocking tf.data stages of one profile session; its input_pipeline is
+    the input wait's record (wait_record.py), which report.py writes as JSON."""
     started = time.perf_counter()
     xplanes = sorted(str(p) for p in Path(session).glob("*.xplane.pb"))
     if not xplanes:
