@@ -342,7 +342,7 @@ def test_a_wait_whose_producers_left_no_events_is_called_out():
             {"path": "Iterator::Root::Prefetch::Shuffle", "pass_through": False, "blocking_ms": 8 - unattributed_ms},
         ]
         wait = _wait(step_ms=10.0, input_ms=8.0, unattributed_ms=unattributed_ms, stages=stages)
-        return {"device_busy_percent": 50.0, "input_pipeline": wait}
+        return {"device_busy_percent": 50.0, "input_pipeline": wait.to_json()}
 
     gpu = DeviceView(cpu_only=False, busy_percent=50.0, unmeasured=None)
     (note,) = report.notes(profile(3.0), gpu)

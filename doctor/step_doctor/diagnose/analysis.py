@@ -98,8 +98,8 @@ def _hardware(space) -> str:
 
 
 def analyze_session(session: Path) -> dict:
-    """The step breakdown, input share and blocking tf.data stages of one profile session; its input_pipeline is
-    the input wait's record (wait_record.py), which report.py writes as JSON."""
+    """The step breakdown, input share and blocking tf.data stages of one profile session (JSON-ready: its
+    input_pipeline is the input wait's record as JSON, wait_record.py)."""
     started = time.perf_counter()
     xplanes = sorted(str(p) for p in Path(session).glob("*.xplane.pb"))
     if not xplanes:
@@ -132,7 +132,7 @@ def analyze_session(session: Path) -> dict:
         steps_inferred=bool(steps and steps.inferred),
         step_source=steps.source if steps else None,
         slow_stages=_slow_stages(wait),
-        input_pipeline=wait,
+        input_pipeline=wait.to_json(),
         profile_mb=round(size_mb, 2),
         analysis_seconds=round(time.perf_counter() - started, 1),
         skipped=[] if xprof else [_SKIPPED_XPROF.format(mb=size_mb)],

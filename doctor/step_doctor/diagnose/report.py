@@ -90,7 +90,7 @@ def diagnose(logdir: str | Path) -> dict:
         runs[run] = {
             "verdict": verdict(profile, device),
             "steps_inferred": profile["steps_inferred"],
-            "profile": {**profile, "input_pipeline": wait.to_json()},
+            "profile": profile,
             "device": device.to_dict(),
             "recommendations": [r.to_dict() for r in ranked],
             "latent": [r.to_dict() for r in latent(profile, ranked, device, padding)],

@@ -3,7 +3,8 @@
 `InputWait` holds the figures of the analysed steps (per step, in ms); `Unmeasured` says why there are none.
 The causes, the verdict and the text read them by attribute, so a misspelt figure is an AttributeError,
 never a silent None. `to_json` writes the `input_pipeline` object of the `diagnose --json` document (its
-keys in this order, which the TensorBoard tab reads), `from_json` reads it back (render() reads the document).
+keys in this order, which the TensorBoard tab reads); `from_json` reads it back where the causes, the verdict
+and the text start from a profile (analysis.py's, or a document's: the template keeps it in its run summary).
 """
 
 from __future__ import annotations
@@ -77,6 +78,5 @@ def from_json(values: dict | None) -> Wait:
 
 
 def of(profile: dict) -> Wait:
-    """The input wait of a profile: analysis.py's (a record), or a document's (read back from its JSON)."""
-    found = profile.get("input_pipeline")
-    return found if isinstance(found, (InputWait, Unmeasured)) else from_json(found)
+    """The input wait of a profile (analysis.analyze_session's, or a `diagnose` document's)."""
+    return from_json(profile.get("input_pipeline"))
