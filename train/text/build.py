@@ -79,7 +79,7 @@ def dataset_dir(data: TextDataConfig) -> Path:
 def _splits(kind: str, argument: str, data: TextDataConfig):
     """(class names, {split: examples}, skipped rows) of the source."""
     if kind == "synthetic":
-        corpus = Corpus(CorpusShape(max_length=data.max_length), seed=data.seed)
+        corpus = Corpus(CorpusShape(), seed=data.seed)  # the same corpus at any max_length: the build cuts it
         counts = {"train": data.num_train, "validation": data.num_val}
         return corpus.class_names, {split: corpus.examples(split, n) for split, n in counts.items()}, [], counts
     collection = user_text.read_source(kind, argument, data)

@@ -73,26 +73,29 @@ def read_csv(path: Path, data: TextDataConfig, rows: _Rows) -> None:
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 26))  # long texts: the default stops at 128 KiB
     with _open_text(path) as handle:
         reader = csv.DictReader(handle)
-        _check_columns(path, reader.fieldnames or [], data, "column")
         try:
+            _check_columns(path, reader.fieldnames or [], data, "column")
             for row in reader:
-                where = f"{path}, line {reader.line_num}"
-                if None in row or None in row.values():
-                    expected = len(reader.fieldnames)
-                    found = expected + len(row.get(None) or []) - sum(v is None for v in row.values())
-                    rows.bad(
-                        where,
-                        f"the row has {found} fields, the header has {expected}",
-                        "Quote texts that hold commas or line breaks",
-                    )
-                    continue
-                rows.add(where, row[data.text_key], row[data.label_key])
+                _csv_row(f"{path}, line {reader.line_num}", row, len(reader.fieldnames), data, rows)
         except csv.Error as error:
             raise UserError(
                 f"{path}, line {reader.line_num}: not valid CSV ({error}). Fix the quoting on that line."
             ) from None
         except UnicodeDecodeError as error:
             raise _not_utf8(path, error) from None
+
+
+def _csv_row(where: str, row: dict, expected: int, data: TextDataConfig, rows: _Rows) -> None:
+    extra = len(row.get(None) or [])
+    missing = sum(value is None for key, value in row.items() if key is not None)
+    if extra or missing:
+        rows.bad(
+            where,
+            f"the row has {expected + extra - missing} fields, the header has {expected}",
+            "Quote texts that hold commas or line breaks",
+        )
+        return
+    rows.add(where, row[data.text_key], row[data.label_key])
 
 
 def read_jsonl(path: Path, data: TextDataConfig, rows: _Rows) -> None:
