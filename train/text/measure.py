@@ -124,7 +124,7 @@ VARIANTS = {
     "parallel": ("optimized", {"batching": "pad_max", "batch_size": 32}, "float32"),  # + interleave, cache, prefetch
     "optimized": ("optimized", {}, "float32"),  # + length buckets under a token budget
     "budget_8k": ("optimized", {"token_budget": 8192}, "float32"),
-    "pad_batch": ("optimized", {"batching": "pad_batch", "batch_size": 96}, "float32"),
+    "pad_batch": ("optimized", {"batching": "pad_batch", "batch_size": 32}, "float32"),
     "pack": ("optimized", {"batching": "pack"}, "float32"),
     "optimized_bf16": ("optimized", {}, "mixed_bfloat16"),  # precision auto on a CPU with bf16 units
     "naive_bf16": ("naive", {}, "mixed_bfloat16"),
