@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--input", default="naive,naive_aa,tokens_once,parallel,optimized,pack")
     parser.add_argument("--e2e", default="naive,naive_aa,optimized,ceiling,optimized_bf16")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--logdir", type=Path, default=Path("runs/text-profiles"))
     parser.add_argument("--child-compiles", help=argparse.SUPPRESS)
