@@ -32,7 +32,7 @@ STAMP := $(VENV)/.installed-$(TF_EXTRA)
 SETUP_CONSTRAINTS := $(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)
 endif
 
-.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench bench-check ladder sweep-batch tune diagnose bench-diagnose tensorboard test test-fast test-long test-doctor-alone test-container-stack lint clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench bench-check ladder sweep-batch tune diagnose bench-diagnose tensorboard test test-fast test-long test-doctor-alone test-container-stack lint docs clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -91,7 +91,7 @@ diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (L
 bench-diagnose: setup ## Wall time and peak RSS of diagnose against profile size, 1 MB to 1 GB -> runs/bench-diagnose/bench.{json,png}
 	$(PY) -m step_doctor bench-diagnose $(ARGS)
 
-tensorboard: setup ## Serve runs/ with the Profile tab on http://127.0.0.1:6006 (LOGDIR=, PORT=)
+tensorboard: setup ## Serve runs/ with the Diagnose and Profile tabs on http://127.0.0.1:6006 (LOGDIR=, PORT=)
 	$(PY) -m train tensorboard --logdir $(or $(LOGDIR),runs) --port $(PORT) $(ARGS)
 
 # Each product tests itself: the template's tests (tests/), then the doctor's (doctor/tests/, run from doctor/).
@@ -131,17 +131,21 @@ $(CONTAINER_VENV)/.installed: pyproject.toml doctor/pyproject.toml constraints-c
 	$(CONTAINER_VENV)/bin/python -m pip install -c $(CONTAINER_VENV)/keep-base.txt -c constraints-container.txt -e "./doctor[bench,test]" -e ".[dev]"
 	@touch $@
 
-lint: setup ## Lint the code (ruff) and the Dockerfile (hadolint), validate docker-compose.yml (Compose v2) and the Kubernetes manifests, offline
+lint: setup ## Lint the code (ruff, import-linter), the Dockerfile (hadolint), docker-compose.yml (Compose v2), the Kubernetes manifests and the docs (mkdocs --strict), offline
 	$(PY) -m train lint $(ARGS)
 
-# Kubernetes (see README, "Scaling out: Kubernetes"): the manifests of deploy/k8s/ for your image and
+# The documentation site (mkdocs.yml, docs/): built into site/ (git-ignored); --strict fails on a broken link or anchor.
+docs: setup ## Build the documentation site into site/ (serve it while you edit with .venv/bin/mkdocs serve)
+	$(PY) -m mkdocs build --strict $(ARGS)
+
+# Kubernetes (see docs/scaling-out.md): the manifests of deploy/k8s/ for your image and
 # number of trainer pods, written to deploy/k8s/rendered/ for `kubectl apply -f`.
 IMAGE ?= gpu-utilization-template:latest
 .PHONY: k8s
 k8s: setup ## Render the Kubernetes manifests for IMAGE with WORKERS trainer pods into deploy/k8s/rendered/
 	$(PY) -m train k8s --image $(IMAGE) --workers $(WORKERS) $(ARGS)
 
-# The GPU path (see README, "GPU in Docker"). Each target needs a Docker engine with Compose v2
+# The GPU path (see docs/docker.md). Each target needs a Docker engine with Compose v2
 # and the NVIDIA Container Toolkit, and stops at once with a clear message where there is none.
 # The containers write runs/ and shards/ on the host as you (bind mounts, see docker-compose.yml).
 NEED_DOCKER = @docker info >/dev/null 2>&1 || { echo "error: no Docker engine answers here ('docker info' failed). The docker-* targets need Docker with Compose v2 and the NVIDIA Container Toolkit on a GPU host; without them use the same targets without 'docker-' (make train-optimized, make compare)." >&2; exit 1; }; mkdir -p runs shards
@@ -171,7 +175,7 @@ docker-tensorboard: ## TensorBoard for runs/ from Docker, on http://127.0.0.1:60
 clean: ## Remove runs/ and the built datasets (keeps .venv)
 	rm -rf runs shards .pytest_cache
 
-# Profile your own training script, unchanged (README, "Profile your own script"): SCRIPT="my_train.py ARGS"
+# Profile your own training script, unchanged (README and docs/doctor.md): SCRIPT="my_train.py ARGS"
 # runs as `python my_train.py ARGS` with the capture injected, then diagnose reads what it captured.
 # ARGS go to `step-doctor profile` (--logdir, --steps A-B, --seconds S, --json).
 SCRIPT ?=

@@ -139,7 +139,7 @@ def test_ladder_turns_on_one_technique_per_rung_and_measures_the_end_to_end_gain
         assert row["gain"] == pytest.approx(statistics.median(verdict["ratios"]))
         assert row["kept"] == (rung.get("keep", "always") == "always" or verdict["verdict"] == "faster")
         # xprof finds no step markers inside a multi-step execution; the analysis then infers the steps
-        # (train/diagnose/step_windows.py), so every rung has an input share
+        # (step_doctor/diagnose/step_windows.py), so every rung has an input share
         assert row["input_bound_percent"] is not None
     assert report["final_speedup"] == pytest.approx(report["rungs"][-1]["cumulative_speedup"])
     end = report["end_to_end"]  # measured: the last kept rung against naive, in the same rounds

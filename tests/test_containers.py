@@ -24,12 +24,9 @@ def cli_commands() -> set[str]:
 
 
 def doctor_commands() -> set[str]:
-    import argparse
-
     from step_doctor import cli
 
-    actions = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    return set(actions[0].choices)
+    return cli.subcommands(cli.build_parser())
 
 
 def test_hadolint_finds_nothing():
@@ -96,9 +93,28 @@ def test_services_use_gpus_shared_volumes_and_existing_commands():
     assert services["tensorboard"]["ports"] == ["127.0.0.1:6006:6006"]
 
 
+DOCS = ROOT / "docs"
+MAKE_TARGETS_PAGE = DOCS / "make-targets.md"  # the reference of every target: the README names only a few
+
+
+def documentation() -> dict[Path, str]:
+    """The README and every page of the docs site."""
+    return {path: path.read_text() for path in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]}
+
+
+def named_targets(text: str) -> set[str]:
+    """The targets a page tells the reader to run: `make X` in inline code, and lines of its code blocks that run
+    `make X` (alone or after &&, ; or a parenthesis)."""
+    named = set(re.findall(r"`make ([a-z0-9][a-z0-9-]*)", text))
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.M | re.S):
+        named |= set(re.findall(r"(?:^|&&|;|\()\s*make ([a-z0-9][a-z0-9-]*)", block, re.M))
+    return named
+
+
 def test_docker_make_targets_exist_and_are_documented():
     targets = make_targets()
-    readme = (ROOT / "README.md").read_text()
+    reference = MAKE_TARGETS_PAGE.read_text()
+    docker_page = (DOCS / "docker.md").read_text()
     for target in (
         "docker-build",
         "docker-train-naive",
@@ -107,14 +123,54 @@ def test_docker_make_targets_exist_and_are_documented():
         "docker-tensorboard",
     ):
         assert target in targets
-        assert f"make {target}" in readme
+        assert f"make {target}" in reference and f"make {target}" in docker_page
 
 
 def test_the_readme_and_the_makefile_name_the_same_targets():
-    documented = set(re.findall(r"`make ([a-z0-9-]+)", (ROOT / "README.md").read_text()))
+    """Every target `make help` lists is documented on the make-targets page, and every `make X` that the README or
+    a docs page names exists."""
     helped = set(re.findall(r"^([a-zA-Z0-9_-]+):.*## ", (ROOT / "Makefile").read_text(), re.M))
-    assert documented <= make_targets(), f"README names missing targets: {documented - make_targets()}"
-    assert helped <= documented, f"targets the README does not mention: {helped - documented}"
+    documented = named_targets(MAKE_TARGETS_PAGE.read_text())
+    assert helped <= documented, f"targets {MAKE_TARGETS_PAGE.name} does not document: {helped - documented}"
+    for path, text in documentation().items():
+        missing = named_targets(text) - make_targets()
+        assert not missing, f"{path.relative_to(ROOT)} names missing targets: {missing}"
+
+
+def test_the_readme_is_the_first_ten_minutes():
+    """The README stays short enough to read first; the reference lives in docs/."""
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= 300, f"README.md has {lines} lines: move reference material into docs/"
+
+
+def slug(heading: str) -> str:
+    """The anchor mkdocs (Python-Markdown's toc) and GitHub give a heading, for the headings these pages use."""
+    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading)
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_every_relative_link_in_the_readme_points_to_an_existing_file_and_heading():
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", text)
+    relative = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert relative, "the README links into docs/"
+    for link in relative:
+        target, _, anchor = link.partition("#")
+        path = ROOT / target if target else ROOT / "README.md"
+        assert path.is_file(), f"README.md links to {link}: no such file"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+            assert anchor in {slug(h) for h in headings}, f"README.md links to {link}: no such heading"
+
+
+def test_the_files_a_forker_touches_stay_readable_in_a_sitting():
+    """The README's "Make it yours" names the files a forker reads and edits; together they stay under 800 lines."""
+    files = ("configs/base.yaml", "train/models.py", "train/sources.py")
+    section = (ROOT / "README.md").read_text().split("## Make it yours")[1].split("\n## ")[0]
+    assert all(f"`{name}`" in section for name in files)
+    lines = sum((ROOT / name).read_text().count("\n") for name in files)
+    assert lines < 800, f"{', '.join(files)}: {lines} lines together"
 
 
 def test_docker_targets_fail_at_once_without_an_engine():

@@ -241,6 +241,7 @@ def test_data_service_with_two_workers_serves_each_example_the_expected_number_o
     assert set(served.values()) == {times}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_a_trainer_fed_by_a_local_dispatcher_and_two_workers_trains(tiny_sets):
     with service.LocalCluster(workers=2) as cluster:

@@ -1,4 +1,5 @@
-"""The README's main job from the command line: compare, its report, TensorBoard's Profile tab, diagnose."""
+"""The README's quick start from the command line: `make compare`'s table and report, TensorBoard's Profile tab
+(README.md), and the doctor's diagnose on what compare wrote (docs/doctor.md)."""
 
 import gzip
 import json
@@ -10,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import PROFILE_EARLY, ROOT, SHORT_RUN, data_sets, run_cli, set_args
+from tests.conftest import PROFILE_EARLY, ROOT, SHORT_RUN, child_env, data_sets, run_cli, set_args
 
 # Two profiled epochs for each of compare's runs.
 PROFILED = SHORT_RUN + PROFILE_EARLY + ["pipeline.shuffle_buffer=16", "profile.num_steps=3"]
@@ -108,7 +109,8 @@ def test_tensorboard_profile_tab_shows_both_runs_with_step_times(compared):
 @pytest.mark.slow  # diagnose over a folder of several runs: fast in test_diagnose.py, without compare's two runs
 def test_diagnose_reads_the_compare_folder(compared):
     runs, _ = compared
-    result = run_cli("diagnose", str(runs / "compare"), timeout=120)
+    command = [sys.executable, "-m", "step_doctor", "diagnose", str(runs / "compare")]  # the doctor's command
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
     assert "== naive ==" in result.stdout and "== optimized ==" in result.stdout
     assert result.stdout.count("verdict: ") == 2
@@ -121,6 +123,7 @@ def test_bad_config_key_is_one_paragraph_not_a_traceback():
     assert "Did you mean 'batch_size'" in result.stderr and result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_missing_dataset_names_the_exact_command(tmp_path):
     result = run_cli("fit", "--config", "configs/naive.yaml", "--set", f"data.data_dir={tmp_path}", timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr

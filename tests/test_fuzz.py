@@ -109,6 +109,7 @@ def mutate(values: dict, rng: np.random.Generator) -> dict:
     return values
 
 
+@pytest.mark.slow
 def test_random_configs_are_accepted_or_rejected_with_a_message(tmp_path):
     rng = np.random.default_rng(7)
     base = {name: config.to_dict(config.load(ROOT / f"configs/{name}.yaml")) for name in ("naive", "optimized")}

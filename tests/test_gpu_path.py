@@ -46,7 +46,7 @@ OPTIMIZED = ROOT / "configs/optimized.yaml"
 GPU_PATH = ["train.precision=mixed_float16", "train.jit_compile=true"]
 # Two profiled epochs of 8 steps: of a narrow resnet (BatchNorm under mixed precision) in `make test`, and of
 # the tiny model in the fast tests (XLA compiles its step in a third of the CPU time).
-PROFILED = SHORT_RUN + PROFILE_EARLY + ["model.width=8"]
+PROFILED = SHORT_RUN + PROFILE_EARLY + ["model.name=resnet", "model.width=8"]
 PROFILED_TINY = SHORT_RUN + PROFILE_EARLY + ["model.name=tiny", "model.width=8"]
 
 
@@ -114,8 +114,8 @@ def run_stopped_at(monkeypatch, cfg, step: int) -> Stopped:
     """Train `cfg` until SIGTERM at `step` stops it; the Stopped error it ends with."""
 
     class Interrupted(fit_loop.Callbacks):
-        def __init__(self, setup, done_steps, history, log):
-            super().__init__(setup, done_steps, history, log)
+        def __init__(self, setup, done_steps, history, log, val_ds):
+            super().__init__(setup, done_steps, history, log, val_ds)
             self.all.insert(0, SigtermAt(step, done_steps))
 
     with monkeypatch.context() as patch:
@@ -146,6 +146,7 @@ def assert_profiled(summary: dict) -> None:
     assert profile["step_time_ms"] and summary["input_bound_percent"] is not None
 
 
+@pytest.mark.slow
 def test_mixed_float16_and_xla_train_with_loss_scaling_and_a_profile(tiny_sets, monkeypatch):
     models = built_models(monkeypatch)
     cfg = config.load(OPTIMIZED, tiny_sets + PROFILED_TINY + GPU_PATH)
@@ -165,6 +166,7 @@ def test_mixed_float16_and_xla_train_with_loss_scaling_and_a_profile(tiny_sets, 
     assert saved["choices"]["jit_compile"] is True and saved["weights_sha256"] == summary["weights_sha256"]
 
 
+@pytest.mark.slow
 def test_deterministic_mode_records_that_xla_is_off(tiny_sets, monkeypatch):
     models = built_models(monkeypatch)
     cfg = config.load(OPTIMIZED, tiny_sets + PROFILED_TINY + GPU_PATH + ["train.deterministic=true", "train.epochs=1"])

@@ -171,6 +171,7 @@ def start_trainers(processes, manifests, name: str, overrides: list[str], hosts:
 # --- rendered and validated ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rendered_manifests_pass_the_api_schemas_of_the_three_newest_kubernetes_versions():
     from kubernetes_validate.utils import all_versions
 

@@ -136,7 +136,7 @@ def test_augmentation_on_the_device_trains_and_the_model_loads_in_a_fresh_proces
         tiny_sets + SHORT_RUN + NO_PROFILE + ["pipeline.augment=device", "model.name=tiny", "model.width=8"],
     )
     summary = fit_loop.run(cfg, log=quiet)
-    assert np.isfinite(summary["final_loss"]) and "augment[device, in the model]" in summary["pipeline"]
+    assert np.isfinite(summary["final_loss"]) and "augment[device, in the model" in summary["pipeline"]
     loaded = subprocess.run(
         [sys.executable, "-c", LOAD_AND_PREDICT, str(cfg.run_dir / "model.keras")],
         cwd=ROOT,

@@ -34,9 +34,14 @@ def _module_name(path: Path, package: Path = PACKAGE) -> str:
 
 
 def _imports(path: Path) -> list[tuple[str, str | None]]:
-    """(module, imported name) for every import in the file, lazy ones included."""
+    """(module, imported name) for every import in the file, lazy ones included (not those for annotations
+    only, under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node.body = []
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(alias.name, None) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -144,3 +149,18 @@ def test_the_console_script_runs_outside_the_repository(tmp_path, tiny_data_dir)
     run = subprocess.run([doctor, "diagnose", str(logdir)], cwd=elsewhere, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "verdict" in run.stdout.lower()
+
+
+@pytest.mark.parametrize("which", PACKAGES)
+def test_no_module_over_500_lines_and_no_function_over_80(which):
+    """Small modules named for what they do: a forker reads the template, a user the doctor."""
+    package = PACKAGES[which][0]
+    long_files, long_functions = [], []
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        if text.count("\n") > 500:
+            long_files.append((str(path.relative_to(ROOT)), text.count("\n")))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long_functions.append((str(path.relative_to(ROOT)), node.name, node.end_lineno - node.lineno + 1))
+    assert not long_files and not long_functions, (long_files, long_functions)

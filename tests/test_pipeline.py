@@ -11,6 +11,8 @@ from train import config
 from train.input import augment, pipeline
 from train.training import plan
 
+ALL = augment.Transforms.of(augment.TRANSFORMS)
+
 
 def knobs(preset: str, **changes):
     return dataclasses.replace(config.load(ROOT / f"configs/{preset}.yaml").pipeline, **changes)
@@ -74,7 +76,7 @@ def test_naive_preset_really_has_no_prefetch(tiny_spec):
 @pytest.mark.parametrize(
     "flip_lr, flip_ud, dy", [(False, False, 0), (True, False, 2), (False, True, -2), (True, True, 1)]
 )
-def test_the_three_augmentations_agree(flip_lr, flip_ud, dy):
+def test_the_augmentations_agree(flip_lr, flip_ud, dy):
     """numpy (naive generator), eager TF, and TF inside tf.data give the same pixels."""
     image = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
     expected = augment.numpy_apply(image, flip_lr, flip_ud, dy)
@@ -109,11 +111,65 @@ def test_batched_augmentation_draws_every_flip_and_shift_per_example():
         assert (out[index] == expected).all()
 
 
+def _seen(original: np.ndarray, outputs) -> set[str]:
+    """The transforms each output shows, found by matching it against every combination numpy_apply makes."""
+    shift = augment.max_shift(original.shape[0])
+    combos = {
+        (lr, ud, dy): augment.numpy_apply(original, lr, ud, dy)
+        for lr in (False, True)
+        for ud in (False, True)
+        for dy in range(-shift, shift + 1)
+    }
+    seen = set()
+    for out in outputs:
+        lr, ud, dy = next(key for key, image in combos.items() if (image == out).all())
+        seen |= {name for name, on in (("flip_left_right", lr), ("flip_up_down", ud), ("shift", dy != 0)) if on}
+    return seen
+
+
+def _placements(image: np.ndarray, transforms: augment.Transforms, draws: int = 48):
+    """The augmented image `draws` times from each placement: numpy, per example, batched (mirrored and plain),
+    and the device layer."""
+    rng = np.random.default_rng(0)
+    yield "python", [augment.numpy_augment(image, rng, transforms) for _ in range(draws)]
+    yield "per_example", [augment.tf_augment_one(i, (image, 0), 0, transforms)[0].numpy() for i in range(draws)]
+    stacked = tf.stack([augment.add_mirror(tf.constant(image), 0)[0]] * draws)
+    yield "batched (mirrored)", augment.tf_augment_batch(0, (stacked, tf.zeros([draws])), 0, transforms)[0].numpy()
+    plain = tf.constant(np.stack([image] * draws))
+    yield "batched", augment.tf_augment_plain_batch(0, (plain, tf.zeros([draws])), 0, transforms)[0].numpy()
+    layer = augment.DeviceAugment(seed=0, transforms=transforms.names)
+    yield "device", layer(plain, training=True).numpy()
+
+
+@pytest.mark.parametrize("names", [[], ["flip_left_right"], ["flip_up_down"], ["shift"], list(augment.TRANSFORMS)])
+def test_every_placement_applies_exactly_the_listed_transforms(names):
+    image = np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)  # every pixel distinct: each move shows
+    transforms = augment.Transforms.of(names)
+    for placement, outputs in _placements(image, transforms):
+        assert _seen(image, outputs) == set(names), placement
+
+
+def test_the_default_transforms_are_right_for_photos_and_the_built_in_data_adds_the_up_down_flip():
+    from train.config import PipelineConfig, load
+
+    assert PipelineConfig().transforms == ["flip_left_right", "shift"]
+    base = load(ROOT / "configs" / "base.yaml")
+    if base.data.source == "synthetic":  # as shipped; a fork's own data chooses its own
+        assert "flip_up_down" in base.pipeline.transforms
+
+
+def test_a_saved_device_layer_keeps_its_transforms():
+    layer = augment.DeviceAugment(seed=3, transforms=["flip_up_down"])
+    again = augment.DeviceAugment.from_config(layer.get_config())
+    assert again.transforms == augment.Transforms(flip_up_down=True) and again.seed == 3
+
+
 def test_per_example_augmentation_flips_about_half():
     image = np.zeros((8, 8, 3), np.uint8)
     image[:, :4] = 255
     flipped = [
-        bool(augment.tf_augment_one(index, (tf.constant(image), 0))[0].numpy()[4, 0, 0] == 0) for index in range(200)
+        bool(augment.tf_augment_one(index, (tf.constant(image), 0), 0, ALL)[0].numpy()[4, 0, 0] == 0)
+        for index in range(200)
     ]
     assert 60 < sum(flipped) < 140
 
@@ -121,10 +177,10 @@ def test_per_example_augmentation_flips_about_half():
 def test_augmentation_draws_are_a_function_of_seed_and_index():
     images = tf.constant(np.random.default_rng(2).integers(0, 256, (8, 32, 16, 3), dtype=np.uint8))
     labels = tf.range(8)
-    first = augment.tf_augment_batch(5, (images, labels), seed=1)[0].numpy()
-    assert (first == augment.tf_augment_batch(5, (images, labels), seed=1)[0].numpy()).all()
-    assert not (first == augment.tf_augment_batch(6, (images, labels), seed=1)[0].numpy()).all()
-    assert not (first == augment.tf_augment_batch(5, (images, labels), seed=2)[0].numpy()).all()
+    first = augment.tf_augment_batch(5, (images, labels), 1, ALL)[0].numpy()
+    assert (first == augment.tf_augment_batch(5, (images, labels), 1, ALL)[0].numpy()).all()
+    assert not (first == augment.tf_augment_batch(6, (images, labels), 1, ALL)[0].numpy()).all()
+    assert not (first == augment.tf_augment_batch(5, (images, labels), 2, ALL)[0].numpy()).all()
 
 
 def test_batched_augmentation_changes_images_but_keeps_labels(tiny_spec):
@@ -133,7 +189,7 @@ def test_batched_augmentation_changes_images_but_keeps_labels(tiny_spec):
     images[:, :, :16] = 0  # left half dark, so a left-right flip shows
     labels = np.arange(8)
     stacked = tf.stack([augment.add_mirror(tf.constant(image), 0)[0] for image in images])
-    out, out_labels = augment.tf_augment_batch(0, (stacked, tf.constant(labels)))
+    out, out_labels = augment.tf_augment_batch(0, (stacked, tf.constant(labels)), 0, ALL)
     assert (out_labels.numpy() == labels).all() and out.dtype == tf.uint8 and out.shape == images.shape
     assert not (out.numpy() == images).all()
     assert knob.augment == "batched"
@@ -144,7 +200,7 @@ def test_batched_augmentation_flips_about_half_left_right(tiny_spec):
     image[:, :4] = 255  # left half bright; a left-right flip makes it dark
     stacked = tf.stack([augment.add_mirror(tf.constant(image), 0)[0]] * 50)
     flipped = sum(
-        int((augment.tf_augment_batch(index, (stacked, tf.zeros([50])))[0].numpy()[:, 4, 0, 0] == 255).sum())
+        int((augment.tf_augment_batch(index, (stacked, tf.zeros([50])), 0, ALL)[0].numpy()[:, 4, 0, 0] == 255).sum())
         for index in range(4)
     )
     assert 60 < flipped < 140

@@ -107,6 +107,7 @@ def test_fresh_starts_over_and_another_config_is_not_mixed_in(tiny_sets, tmp_pat
     assert summary["resumed_from"] is None and len(summary["history"]["loss"]) == 3
 
 
+@pytest.mark.slow
 def test_checkpoints_are_written_atomically_and_partial_ones_are_ignored(tiny_sets):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + FOUR_EPOCHS + ["checkpoint.keep=2"])
     fit_loop.run(cfg, log=quiet)
@@ -273,7 +274,7 @@ def test_damaged_shard_stops_the_run_naming_shard_and_record(tiny_data_dir, tmp_
     assert not list(cfg.run_dir.rglob("*.tmp")) and not (cfg.run_dir / "summary.json").exists()
 
 
-@pytest.mark.parametrize("preset", ["naive", "optimized"])
+@pytest.mark.parametrize("preset", [pytest.param("naive", marks=pytest.mark.slow), "optimized"])
 def test_skip_corrupt_trains_on_the_rest_and_counts_what_it_skipped(tiny_data_dir, tmp_path, preset):
     copy, spec = copy_dataset(tiny_data_dir, tmp_path)
     damage(spec.train_files[0], "bitflip")
@@ -361,6 +362,7 @@ def test_tiny_data_constants_match_the_fixture():
     assert TINY_DATA["data.num_train"] == 128  # the step counts above assume 8 steps of 16 per epoch
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_is_caught_before_the_previous_run_is_touched(tiny_data_dir, tmp_path):
     copy, spec = copy_dataset(tiny_data_dir, tmp_path)
     cfg = config.load(ROOT / "configs/optimized.yaml", copied_run(copy, tmp_path))

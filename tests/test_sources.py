@@ -88,6 +88,7 @@ def test_folder_conversion_resumes_with_the_finished_shards(tmp_path):
     assert all((target / p.name).stat().st_mtime_ns == mtime for p, mtime in finished.items())
 
 
+@pytest.mark.slow
 def test_a_tfds_dataset_by_name_works_offline(tmp_path):
     import tensorflow_datasets as tfds
 
@@ -102,6 +103,7 @@ def test_a_tfds_dataset_by_name_works_offline(tmp_path):
     assert summary["dataset"]["num_classes"] == 10
 
 
+@pytest.mark.slow
 def test_a_model_registered_by_the_forker_trains_by_name(tiny_sets):
     @models.register_model("forker_mlp")
     def forker_mlp(input_shape, num_classes, hidden: int = 32):

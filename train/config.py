@@ -16,8 +16,12 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from train.config_rules import PHOTO_TRANSFORMS, TRANSFORMS, check_ranges
 from train.core import files
 from train.core.errors import UserError, did_you_mean
+
+__all__ = ["PHOTO_TRANSFORMS", "TRANSFORMS", "Config", "load", "save", "to_dict"]
+
 
 Auto = Literal["auto"]
 
@@ -66,10 +70,14 @@ class PipelineConfig:
     shuffle_before_decode: Union[bool, Auto] = "auto"
     batch_size: int = 256  # per replica; the global batch is batch_size x replicas
     drop_remainder: bool = True  # static batch shape for XLA and for even replicas
-    # python: numpy in the generator; per_example: a map before batch; batched: one vectorized map per
-    # batch; device: Keras layers at the start of the model, on the accelerator; auto: device where a GPU
-    # exists, batched elsewhere.
+    # Where augmentation runs. python: numpy in the generator; per_example: a map before batch; batched: one
+    # vectorized map per batch; device: a Keras layer at the start of the model, on the accelerator; auto:
+    # device where a GPU exists, batched elsewhere; none.
     augment: Literal["auto", "none", "python", "per_example", "batched", "device"] = "batched"
+    # What augmentation does, each drawn per example (train/input/augment.py): flip_left_right, flip_up_down,
+    # shift (vertically, up to 1/16 of the height). The default is right for photos; flip_up_down is not
+    # (a sky below, a 6 read as a 9). [] augments nothing.
+    transforms: list[str] = field(default_factory=lambda: list(PHOTO_TRANSFORMS))
     prefetch: Union[int, Auto] = "auto"  # batches prepared ahead of the model; 0 turns it off
     autotune: bool = True  # let tf.data tune parallelism and buffer sizes
     private_threadpool_size: int = 0  # 0 uses TensorFlow's shared inter-op pool
@@ -162,6 +170,8 @@ class Config:
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if origin is Literal:
         return " or ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
@@ -173,6 +183,8 @@ def _type_name(tp: Any) -> str:
 
 def _matches(value: Any, tp: Any) -> bool:
     origin = typing.get_origin(tp)
+    if origin is list:
+        return isinstance(value, list) and all(_matches(item, typing.get_args(tp)[0]) for item in value)
     if origin is Literal:
         return any(value == a and type(value) is type(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
@@ -240,154 +252,6 @@ def _example(tp: Any, f: dataclasses.Field) -> str:
         return str(default).lower() if isinstance(default, bool) else str(default)
     args = typing.get_args(tp)
     return str(args[0]) if args else "..."
-
-
-class _Problems(list):
-    """Range and consistency problems of a config, one sentence each."""
-
-    def need(self, ok: bool, key: str, value: Any, rule: str) -> None:
-        if not ok:
-            self.append(f"'{key}' is {value!r} but must be {rule}")
-
-
-def _check_ranges(cfg: Config, source: str) -> None:
-    problems = _Problems()
-    _check_data(cfg.data, problems.need)
-    _check_pipeline(cfg.pipeline, problems.need)
-    _check_train(cfg.train, problems.need)
-    _check_run(cfg, problems.need)
-    if problems:
-        raise UserError(f"{source}: " + "; ".join(problems) + ". Fix the value(s) and run again.")
-
-
-def _check_data(d: DataConfig, need) -> None:
-    need(d.image_size >= 8, "data.image_size", d.image_size, ">= 8")
-    need(d.num_train >= 1, "data.num_train", d.num_train, ">= 1")
-    need(d.num_val >= 1, "data.num_val", d.num_val, ">= 1")
-    need(d.num_shards >= 1, "data.num_shards", d.num_shards, ">= 1")
-    need(0 < d.val_fraction < 1, "data.val_fraction", d.val_fraction, "between 0 and 1")
-    if d.source == "synthetic":
-        need(
-            d.num_shards <= min(d.num_train, d.num_val),
-            "data.num_shards",
-            d.num_shards,
-            f"at most the number of examples in the smallest split ({min(d.num_train, d.num_val)})",
-        )
-
-
-def _check_pipeline(p: PipelineConfig, need) -> None:
-    need(p.batch_size >= 1, "pipeline.batch_size", p.batch_size, ">= 1")
-    for key in ("parallel_reads", "parallel_calls"):
-        value = getattr(p, key)
-        need(value == "auto" or value >= 1, f"pipeline.{key}", value, "'auto' or >= 1")
-    need(p.prefetch == "auto" or p.prefetch >= 0, "pipeline.prefetch", p.prefetch, "'auto' or >= 0")
-    need(p.shuffle_buffer >= 0, "pipeline.shuffle_buffer", p.shuffle_buffer, ">= 0")
-    need(p.cache_limit_mb >= 0, "pipeline.cache_limit_mb", p.cache_limit_mb, ">= 0")
-    need(p.output_size is None or p.output_size >= 8, "pipeline.output_size", p.output_size, "null or >= 8")
-    need(
-        p.cache != "disk" or bool(p.cache_dir),
-        "pipeline.cache_dir",
-        p.cache_dir,
-        "a local folder when pipeline.cache is 'disk'",
-    )
-    need(
-        not p.random_crop or p.cache in ("auto", "encoded", "none"),
-        "pipeline.cache",
-        p.cache,
-        "'auto', 'encoded' or 'none' with pipeline.random_crop (a decoded cache would keep the first crops)",
-    )
-    need(
-        p.augment != "python" or p.cache in ("auto", "none"),
-        "pipeline.cache",
-        p.cache,
-        "'auto' or 'none' with pipeline.augment 'python' (a cache after the generator would keep the first "
-        "epoch's flips and shifts)",
-    )
-    need(
-        not p.random_crop or p.shuffle_buffer > 0,
-        "pipeline.shuffle_buffer",
-        p.shuffle_buffer,
-        "> 0 with pipeline.random_crop (crops are drawn per position in the stream: without a shuffle each "
-        "example would get the same crop every epoch)",
-    )
-    for key in ("random_crop", "scaled_decode"):
-        need(
-            not getattr(p, key) or p.reader == "tfrecord",
-            f"pipeline.{key}",
-            getattr(p, key),
-            "false unless pipeline.reader is 'tfrecord'",
-        )
-    need(
-        p.shuffle_before_decode is not True or p.reader == "tfrecord",
-        "pipeline.shuffle_before_decode",
-        p.shuffle_before_decode,
-        "'auto' or false unless pipeline.reader is 'tfrecord'",
-    )
-    need(
-        p.cache not in ("encoded", "disk") or p.reader == "tfrecord",
-        "pipeline.cache",
-        p.cache,
-        "'memory', 'auto' or 'none' unless pipeline.reader is 'tfrecord'",
-    )
-    need(p.private_threadpool_size >= 0, "pipeline.private_threadpool_size", p.private_threadpool_size, ">= 0")
-    need(p.max_intra_op_parallelism >= 0, "pipeline.max_intra_op_parallelism", p.max_intra_op_parallelism, ">= 0")
-    need(
-        p.augment != "python" or p.reader == "python",
-        "pipeline.augment",
-        p.augment,
-        "'none', 'per_example' or 'batched' unless pipeline.reader is 'python' "
-        "(numpy augmentation runs in the generator)",
-    )
-    need(
-        p.data_service is None or p.data_service.startswith("grpc://"),
-        "pipeline.data_service",
-        p.data_service,
-        "null or an address like grpc://localhost:5050",
-    )
-    need(
-        p.data_service is None or p.reader == "tfrecord",
-        "pipeline.reader",
-        p.reader,
-        "'tfrecord' when pipeline.data_service is set (a Python generator cannot run on service workers)",
-    )
-
-
-def _check_train(t: TrainConfig, need) -> None:
-    need(t.epochs >= 1, "train.epochs", t.epochs, ">= 1")
-    need(t.learning_rate > 0, "train.learning_rate", t.learning_rate, "> 0")
-    need(
-        t.steps_per_epoch is None or t.steps_per_epoch >= 1, "train.steps_per_epoch", t.steps_per_epoch, "null or >= 1"
-    )
-    need(t.warmup_steps == "auto" or t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "'auto' or >= 0")
-    need(
-        t.steps_per_execution == "auto" or t.steps_per_execution >= 1,
-        "train.steps_per_execution",
-        t.steps_per_execution,
-        "'auto' or >= 1",
-    )
-    need(t.cpu_replicas >= 1, "train.cpu_replicas", t.cpu_replicas, ">= 1")
-    need(t.collective_timeout_s > 0, "train.collective_timeout_s", t.collective_timeout_s, "> 0")
-    need(
-        t.stall_timeout_s == "auto" or t.stall_timeout_s >= 0,
-        "train.stall_timeout_s",
-        t.stall_timeout_s,
-        "'auto' or >= 0",
-    )
-
-
-def _check_run(cfg: Config, need) -> None:
-    need(cfg.checkpoint.every_epochs >= 1, "checkpoint.every_epochs", cfg.checkpoint.every_epochs, ">= 1")
-    need(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", cfg.checkpoint.every_steps, ">= 0")
-    need(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, ">= 1")
-    need(cfg.profile.start_step >= 0, "profile.start_step", cfg.profile.start_step, ">= 0")
-    need(cfg.profile.num_steps >= 1, "profile.num_steps", cfg.profile.num_steps, ">= 1")
-    need(cfg.monitor.interval_s > 0, "monitor.interval_s", cfg.monitor.interval_s, "> 0")
-    need(
-        bool(cfg.name) and "/" not in cfg.name and cfg.name not in (".", ".."),
-        "name",
-        cfg.name,
-        "a non-empty folder name without '/'",
-    )
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -475,7 +339,7 @@ def load(
     if overrides:
         source += " (with --set " + " ".join(overrides) + ")"
     cfg = _build(Config, values, "", source)
-    _check_ranges(cfg, source)
+    check_ranges(cfg, source)
     from train import models
 
     cfg.model.params = models.resolve_params(cfg.model.name, cfg.model.params, source)

@@ -29,15 +29,35 @@ def fake_nvml(utilization=(40, 90), power_fails=False, gpm="supported", gpm_valu
     (the driver's NVML lacks the function: NVMLError_FunctionNotFound).
     """
     handles = list(range(len(utilization)))
-    addresses = itertools.count(0x1000, 0x10)
-    taken: dict[int, tuple[int, int]] = {}  # sample address -> (handle, tick)
-    ticks = itertools.count(1)
     state = types.SimpleNamespace(allocated=set(), freed=set(), metric_calls=0)
 
     def power(handle):
         if power_fails:
             raise pynvml.NVMLError_NotSupported()
         return 250_000  # milliwatts
+
+    functions = dict(
+        nvmlDeviceGetCount=lambda: len(handles),
+        nvmlDeviceGetHandleByIndex=lambda index: handles[index],
+        nvmlDeviceGetName=lambda handle: "NVIDIA H100 80GB HBM3" if gpm == "supported" else "Tesla T4",
+        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=utilization[handle], memory=10),
+        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=3 * 2**30, total=16 * 2**30),
+        nvmlDeviceGetPowerUsage=power,
+        nvmlShutdown=lambda: None,
+        **_fake_gpm(gpm, gpm_values, state),
+    )
+    binding = {name: getattr(pynvml, name) for name in dir(pynvml) if name.startswith(("NVML", "c_nvml"))}
+    module = types.SimpleNamespace(**binding, **functions)
+    module.state = state
+    return module
+
+
+def _fake_gpm(gpm: str, gpm_values: dict, state) -> dict:
+    """The GPM functions of fake_nvml: samples are opaque pointers, filled by nvmlGpmSampleGet (a tick each)
+    and compared by nvmlGpmMetricsGet, which needs two of one GPU, the older first."""
+    addresses = itertools.count(0x1000, 0x10)
+    taken: dict[int, tuple[int, int]] = {}  # sample address -> (handle, tick)
+    ticks = itertools.count(1)
 
     def query_support(handle):
         if gpm == "no-permission":
@@ -84,24 +104,13 @@ def fake_nvml(utilization=(40, 90), power_fails=False, gpm="supported", gpm_valu
                 metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return request
 
-    functions = dict(
-        nvmlDeviceGetCount=lambda: len(handles),
-        nvmlDeviceGetHandleByIndex=lambda index: handles[index],
-        nvmlDeviceGetName=lambda handle: "NVIDIA H100 80GB HBM3" if gpm == "supported" else "Tesla T4",
-        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=utilization[handle], memory=10),
-        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=3 * 2**30, total=16 * 2**30),
-        nvmlDeviceGetPowerUsage=power,
+    return dict(
         nvmlGpmQueryDeviceSupport=query_support,
         nvmlGpmSampleAlloc=sample_alloc,
         nvmlGpmSampleFree=sample_free,
         nvmlGpmSampleGet=sample_get,
         nvmlGpmMetricsGet=metrics_get,
-        nvmlShutdown=lambda: None,
     )
-    binding = {name: getattr(pynvml, name) for name in dir(pynvml) if name.startswith(("NVML", "c_nvml"))}
-    module = types.SimpleNamespace(**binding, **functions)
-    module.state = state
-    return module
 
 
 def skip_gpu_tests_without_a_driver(items) -> None:

@@ -9,6 +9,9 @@ Recording (profiles every case ROUNDS times into ROOT, diagnoses them all and wr
 
     python -m tests.corpus_expectations ROOT --rounds 3 [--out tests/corpus_expectations.yaml] [--pool]
 
+`--cases KEY ...` records only those cases (new ones, or ones whose diagnosis a change meant to move) and
+keeps every other record as it is.
+
 The record names the machines it was made on (CPU, bfloat16 units, cores, TensorFlow). The two kinds of
 machine this project runs on differ several-fold in how fast they run the corpus's models against its
 pipelines, so a record made on one kind alone can fail on the other: `--pool` keeps what the file already
@@ -25,7 +28,7 @@ busy host or a throttled container does it); `--flips` prints, per case, how man
 have another first cause than the planted one and how many disagree with the record, and writes nothing.
 
 `--fixes` prints, for the cases with a fixed pipeline, the first fix's estimated gain and the gain
-per example measured on the fixed pipeline's profiles (the README's table). Profiles already under
+per example measured on the fixed pipeline's profiles (the table in docs/figures.md). Profiles already under
 ROOT/round_N/ are reused, so rounds made at different times (quiet, and
 under another process's load) can be pooled. The gain band is the observed range of the share of
 step time the first fix removes, widened by TOLERANCE points or the factor RATIO, whichever is
@@ -58,10 +61,12 @@ HOWS = {"numpy_function_map": ("stock", "bare")}  # cases also captured without 
 
 def keys(cases) -> list[str]:
     """'case' for the step-marker capture, 'case/stock' and 'case/bare' for the others. The flips are not recorded:
-    their verdict is what the model's speed against the pipeline's, measured where they run, implies."""
+    their verdict is what the model's speed against the pipeline's, measured where they run, implies (and so for the
+    cases in xla_pipelines.NOT_RECORDED)."""
     from tests.user_pipelines import FLIPS
+    from tests.xla_pipelines import NOT_RECORDED
 
-    out = [case for case in cases if case not in FLIPS]
+    out = [case for case in cases if case not in FLIPS and case not in NOT_RECORDED]
     for case, hows in HOWS.items():
         out += [f"{case}/{how}" for how in hows]
     return out
@@ -182,12 +187,14 @@ def merge(old: dict, new: dict) -> dict:
     }
 
 
-def _profile_rounds(root: Path, rounds: int) -> None:
+def _profile_rounds(root: Path, rounds: int, only: set | None = None) -> None:
     from tests import user_pipelines
 
     files = user_pipelines.make_files(root / "files")
     for number in range(1, rounds + 1):
         for key in keys(user_pipelines.ALL):
+            if only and key not in only:
+                continue
             case, how = split(key)
             logdir = root / f"round_{number}" / key.replace("/", "__")
             if not logdir.exists():
@@ -242,16 +249,17 @@ def flips(root: Path) -> dict:
     return dict(found)
 
 
-def record(root: Path, rounds: int, out: Path, pool: bool = False) -> dict:
+def record(root: Path, rounds: int, out: Path, pool: bool = False, only: set | None = None) -> dict:
+    """Profile and diagnose the cases (`only`: these keys, the others' records kept) and write the record."""
     from step_doctor.diagnose.report import diagnose
     from tests.test_diagnose_corpus import PLANTED
     from tests.user_pipelines import ALL
 
-    _profile_rounds(root, rounds)
+    _profile_rounds(root, rounds, only)
     seen = defaultdict(list)
     for logdir in sorted(root.glob("round_*/*")):
         key = logdir.name.replace("__", "/")
-        if split(key)[0] not in ALL:
+        if split(key)[0] not in ALL or (only and key not in only):
             continue
         (item,) = diagnose(logdir)["runs"].values()
         seen[key].append((item["verdict"], *_first(item)))
@@ -261,6 +269,9 @@ def record(root: Path, rounds: int, out: Path, pool: bool = False) -> dict:
         before = load(out)
         cases = {key: merge(before[key], case) if key in before else case for key, case in cases.items()}
         machines = [m for m in recorded_on(out) if m != machines[0]] + machines
+    if only and out.exists():
+        cases = dict(sorted({**load(out), **cases}.items()))
+        machines = [m for m in recorded_on(out) if m != machines[-1]] + machines[-1:]
     header = (
         "# What diagnose concludes about each corpus case (tests/corpus_expectations.py says how it was\n"
         "# recorded and how it is compared). Written by `python -m tests.corpus_expectations`.\n"
@@ -320,6 +331,9 @@ if __name__ == "__main__":
         action="store_true",
         help="keep what the record already holds (another machine's observations) and widen it with these",
     )
+    parser.add_argument(
+        "--cases", nargs="+", metavar="KEY", help="record only these cases (keys as in the file), keep the others"
+    )
     args = parser.parse_args()
     if args.hog or args.pauses:
         with busy_machine(args.hog, args.pauses):
@@ -334,5 +348,6 @@ if __name__ == "__main__":
         for case, figures in fixes(args.root).items():
             print(f"{case:28s} estimated {figures['estimated']}  measured {figures['measured']}")
         sys.exit(0)
-    for key, case in record(args.root, args.rounds, args.out, pool=args.pool).items():
+    only = set(args.cases) if args.cases else None
+    for key, case in record(args.root, args.rounds, args.out, pool=args.pool, only=only).items():
         print(f"{key:40s} {case['verdicts']} {case['first']} {case['gain']} observed {case['observed']}")

@@ -12,11 +12,13 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import pytest
 
 from step_doctor import diagnose
+from step_doctor.diagnose import hosttrace
 from step_doctor.diagnose.recommendation import Recommendation
 from step_doctor.diagnose.stalls import working_step
 from step_doctor.diagnose.structural import latent_fixes, production, structural_fixes
@@ -33,6 +35,7 @@ PLANTED = {  # case -> the cause the first recommendation must name
     "shuffle_decoded_full_size": "shuffle-buffer-refill",
     "cache_after_augmentation": "cache-after-augmentation",
     "decode_map_no_prefetch": "sequential-map",
+    "text_padded_xla": "recompilation",
 }
 INPUT_CAUSES = set(PLANTED.values()) - {"small-batch"} | {"heavy-map", "decode-every-epoch", "slow-stage"}
 
@@ -268,3 +271,92 @@ def test_fixes_that_remove_work_make_each_example_faster(profiled, case):
     it, and on a CPU-only machine the overlapped pipeline runs on the model's cores (the diagnosis says so)."""
     before, after = _only_run(profiled(case)), _only_run(profiled(case + "_fixed"))
     assert _per_example_ms(after) < _per_example_ms(before)
+
+
+def _xla(item):
+    return item["profile"]["input_pipeline"]["xla"]
+
+
+def _xla_runs_ms(item) -> float:
+    """The mean time per analysed step in which XLA ran the compiled step, straight from the trace's events."""
+    wait = item["profile"]["input_pipeline"]
+    names = {row["step"] for row in wait["per_step"]}
+    trace = hosttrace.load(next(Path(item["profile"]["session"]).glob("*.xplane.pb")))
+    try:
+        windows = [(e.ts, e.end) for e in trace.events if e.name in names]
+        runs = [e for e in trace.xla_runs if any(lo <= e.ts < hi for lo, hi in windows)]
+        return sum(e.dur for e in runs) / len(windows) / 1e3
+    finally:
+        trace.close()
+
+
+def test_a_step_compiled_again_for_every_new_shape_ranks_recompilation_first(profiled):
+    """padded_batch to the longest sequence of each batch under XLA: nearly every step compiles. The compile is
+    measured from XLA's own events (xprof reports none), named with its shapes, and is host time, not overhead."""
+    item = _only_run(profiled("text_padded_xla"))
+    wait, xla = item["profile"]["input_pipeline"], _xla(item)
+    assert item["verdict"] == "host-bound", item["verdict"]
+    assert xla["used"] and xla["churn"] and xla["compile_steps"] >= wait["steps"] / 2, xla
+    assert xla["compiles"] >= xla["compile_steps"] and xla["shapes"] >= xla["compiles"] and xla["programs"] >= 2
+    assert wait["compile_ms"] >= 0.5 * working_step(wait) and wait["overhead_ms"] < wait["compile_ms"] / 5
+    assert wait["compute_ms"] > 0 and xla["runs_per_step"] >= 0.9  # the executable's run is the model's compute
+    assert item["profile"]["compile_ms"] == wait["compile_ms"]  # the trace's, where xprof's is 0
+    first = item["recommendations"][0]
+    assert first["cause"] == "recompilation" and first["removes_ms"] == pytest.approx(wait["compile_ms"], abs=0.01)
+    shapes = xla["shapes"]
+    said = f"{xla['compiles']} compiles of {shapes} distinct shapes in {wait['steps']} steps"
+    assert said in first["evidence"] and "ms each" in first["evidence"] and "s32[32," in first["evidence"]
+    for fix in ("bucket_by_sequence_length", "pad_to_bucket_boundary=True", "padded_batch", "drop_remainder=True"):
+        assert fix in first["fix"], fix
+    assert not any(r["cause"] == "small-batch" and r["estimated_gain"] > 1.5 for r in item["recommendations"])
+    text = diagnose.render({"runs": {".": item}})
+    assert "+ compile" in text and "XLA: " in text and "[recompilation" in text
+
+
+def test_a_fixed_shape_xla_pipeline_reads_as_its_steady_state(profiled):
+    """Bucketed to four shapes under XLA: the executable's runs are the model's compute, the few compiles are
+    warm-up (left out of the figures where they fall in the window), and no compile is ranked as a cause."""
+    item = _only_run(profiled("text_bucketed_xla"))
+    wait, xla = item["profile"]["input_pipeline"], _xla(item)
+    assert xla["used"] and not xla["churn"] and xla["compiles"] == 0 and wait["compile_ms"] == 0.0, xla
+    assert xla["programs"] <= 5 and xla["shapes"] <= 5 and xla["runs_per_step"] >= 0.9
+    assert wait["compute_ms"] >= 0.9 * _xla_runs_ms(item) > 0  # the executable's runs are the model's compute
+    assert len(xla["ran_shapes"]) == xla["programs"] and all(s.startswith("s32[32,") for s in xla["ran_shapes"])
+    assert "recompilation" not in {r["cause"] for r in item["recommendations"]}
+    notes = " ".join(item["notes"])
+    if xla["warm_up"]:
+        assert wait["steps"] + xla["warm_up"]["steps"] <= user_pipelines.STEPS + 1 and "XLA warm-up" in notes
+    else:
+        assert "none compiled in the window" in notes
+    small = next((r for r in item["recommendations"] if r["cause"] == "small-batch"), None)
+    assert small is None or small["removes_ms"] <= wait["overhead_ms"] + 1e-6
+
+
+def test_the_text_pipelines_without_xla_say_nothing_of_compiling(profiled):
+    """The same pipelines with jit_compile=False: no XLA, no compile, no recompilation; padded_batch's changing shapes
+    are a note of what XLA would cost, not a cause."""
+    for case in ("text_bucketed", "text_padded"):
+        item = _only_run(profiled(case))
+        wait = item["profile"]["input_pipeline"]
+        assert not _xla(item)["used"] and wait["compile_ms"] == 0.0 and item["profile"]["compile_ms"] == 0.0
+        assert "recompilation" not in {r["cause"] for r in item["recommendations"]}
+        shapes_note = [n for n in item["notes"] if "distinct batch shapes" in n]
+        assert bool(shapes_note) == (case == "text_padded"), item["notes"]
+
+
+@pytest.mark.slow
+def test_the_overhead_of_an_xla_step_is_what_a_larger_batch_does_not_grow(profiled):
+    """The per-step overhead diagnose finds in the bucketed XLA pipeline against the part of its step that does not
+    grow with the batch, measured from two profiles of it, in batches of 32 and of 256: the step without its input
+    wait is o + b * c at batch b, so o = (8 t(32) - t(256)) / 7. (The pipeline cannot keep up with batches of 256
+    here: its wait is left out of both, it is not the model's.) Before XLA's run counted as compute, and its compile
+    as compile, the whole step was overhead (small-batch 7x)."""
+    small = _only_run(profiled("text_bucketed_xla"))
+    large = _only_run(profiled("text_bucketed_xla_large_batch"))
+    model_side = [
+        working_step(w) - w["input_ms"]
+        for w in (small["profile"]["input_pipeline"], large["profile"]["input_pipeline"])
+    ]
+    fixed = (8 * model_side[0] - model_side[1]) / 7
+    overhead = small["profile"]["input_pipeline"]["overhead_ms"]
+    assert overhead <= 1.25 * fixed + 0.25, (overhead, fixed, model_side)

@@ -32,7 +32,10 @@ def test_sampler_records_every_gpu_and_summarizes():
     assert summary["gpus"][1]["memory_used_mb"]["mean"] == 3 * 1024
     assert summary["gpus"][0]["power_w"]["p95"] == 250.0
     assert summary["gpu_utilization_percent"] == 65.0
-    assert summary["cpu_utilization_percent"]["mean"] >= 0
+    cpu = [row["cpu_percent"] for row in rows]  # psutil's, over each interval: the summary is of these
+    assert all(0 <= value <= 100 for value in cpu)
+    assert summary["cpu_utilization_percent"]["mean"] == pytest.approx(sum(cpu) / len(cpu), abs=0.1)
+    assert summary["cpu_utilization_percent"]["max"] == pytest.approx(max(cpu), abs=0.1)
 
 
 def test_unsupported_power_reading_is_none_not_zero():

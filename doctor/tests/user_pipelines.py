@@ -2,7 +2,7 @@
 
 Plain tf.data + Keras: nothing here imports this project's input pipeline. Each case builds
 `(dataset, model)` from files made by `make_files`; `profile` trains it and profiles about ten
-steps with the project's step-marker callback (what the README teaches), or with the stock
+steps with the doctor's step-marker callback (what the README teaches), or with the stock
 Keras TensorBoard callback. The diagnosis must find each cause in the profile alone: the
 tests pass it a log folder, never a case name.
 """
@@ -17,6 +17,11 @@ from pathlib import Path
 import keras
 import numpy as np
 import tensorflow as tf
+
+try:
+    from tests import xla_pipelines
+except ImportError:  # run as a script (python tests/user_pipelines.py ...): its own folder is on the path
+    import xla_pipelines
 
 SIZE = 64  # what the models train on
 FULL = 384  # the "camera" size of the JPEG files
@@ -513,9 +518,12 @@ STRUCTURAL = {
 CASES.update(STRUCTURAL)
 ALL.update(STRUCTURAL)
 ALL.update(FLIPS)
+# text classifiers with and without XLA: fixed shapes, and a new shape nearly every batch (tests/xla_pipelines.py)
+CASES.update(xla_pipelines.CASES)
+ALL.update(xla_pipelines.CASES)
 
 
-# ---- custom training loops, and the corpus as scripts a user runs (python -m train profile -- python ...) ---------
+# ---- custom training loops, and the corpus as scripts a user runs (step-doctor profile -- python ...) ---------
 # Run as a script: `python tests/user_pipelines.py CASE FILES_DIR [--steps N] [--times FILE]` trains one case with
 # nothing of this project imported and no profiler or step-marker code: what `profile` must capture from outside.
 
@@ -606,6 +614,7 @@ def multi_worker_generator(files, steps=40, workers=2):
             children.append(subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "TF_CONFIG": config}))
         try:
             codes = [child.wait(timeout=300) for child in children]
+            print("workers ended:", *codes, file=sys.stderr, flush=True)  # negative: killed by that signal
         finally:
             for child in children:
                 if child.poll() is None:

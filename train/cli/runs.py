@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from step_doctor.profile.site import consume_fix
 from train.cli import arguments
 from train.core.quiet import import_tensorflow
 
@@ -36,6 +37,16 @@ def cmd_fit(args) -> int:
     from train.training import cluster
 
     cluster.export(log=print)  # TF_CONFIG from a Kubernetes Indexed Job's pod, when it is not set
+    if cfg.profile.enabled and consume_fix.is_multi_worker():  # before TensorFlow loads (the doctor's consume_fix.py)
+        fix = consume_fix.load()
+        if not fix["loaded"]:
+            cfg.profile.enabled = False
+            print(
+                "warning: profile.enabled turned off for this worker: TensorFlow's profiler can crash a "
+                "MultiWorkerMirroredStrategy worker when it stops, and the fix for it could not be loaded "
+                f"({fix['why']}).",
+                file=sys.stderr,
+            )
     import_tensorflow()
 
     from train import sources
@@ -158,8 +169,8 @@ def add_service_parsers(commands) -> None:
 
     lint = commands.add_parser(
         "lint",
-        help="check the code (ruff), Dockerfile (hadolint), docker-compose.yml (Compose v2) and the Kubernetes "
-        "manifests (kubernetes-validate), offline",
+        help="check the code (ruff, import-linter), Dockerfile (hadolint), docker-compose.yml (Compose v2), the "
+        "Kubernetes manifests (kubernetes-validate) and the docs (mkdocs build --strict), offline",
     )
     lint.add_argument("--dockerfile", default="Dockerfile")
     lint.add_argument("--compose-file", default="docker-compose.yml")

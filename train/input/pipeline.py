@@ -67,10 +67,16 @@ def image_shape(spec: DatasetSpec, knobs: PipelineConfig) -> tuple[int, int, int
 
 
 def mirrored(knobs: PipelineConfig, training: bool = True) -> bool:
-    """Batched augmentation on decoded images cached in memory stores each with its mirror
+    """Batched left-right flips on decoded images cached in memory store each with its mirror
     (augment.add_mirror): made once, so a flip is a row gather. Without that cache the mirror
     would be made every epoch, twice the work and memory; then the batch is flipped instead."""
-    return training and knobs.augment == "batched" and knobs.cache == "memory"
+    flips = "flip_left_right" in knobs.transforms
+    return training and flips and knobs.augment == "batched" and knobs.cache == "memory"
+
+
+def augments(knobs: PipelineConfig, training: bool, where: str) -> bool:
+    """Whether the pipeline augments at `where` (python, per_example, batched): training, and a transform listed."""
+    return training and knobs.augment == where and bool(knobs.transforms)
 
 
 def decoded_size_mb(spec: DatasetSpec, knobs: PipelineConfig, num_examples: int, copies: int = 1) -> float:
@@ -177,7 +183,8 @@ def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bo
     from PIL import Image
 
     epochs = itertools.count()
-    python_augment = training and knobs.augment == "python"
+    python_augment = augments(knobs, training, "python")
+    transforms = augment.Transforms.of(knobs.transforms)
     shape = image_shape(spec, knobs)
 
     def decode(path: str, index: int, item) -> tuple[np.ndarray, int]:
@@ -208,7 +215,7 @@ def _python_reader(files, spec: DatasetSpec, knobs: PipelineConfig, training: bo
                         continue
                     raise
                 if python_augment:
-                    image = augment.numpy_augment(image, rng)
+                    image = augment.numpy_augment(image, rng, transforms)
                 yield image, label
 
     signature = (
@@ -308,21 +315,22 @@ def build(
         dataset = dataset.snapshot(str(snapshot_dir(knobs, spec, training)), compression=None)
     if training and knobs.shuffle_buffer and not shuffles_records(knobs):
         dataset = dataset.shuffle(knobs.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if training and knobs.augment == "per_example":
+    transforms = augment.Transforms.of(knobs.transforms)
+    if augments(knobs, training, "per_example"):
         # Indexed within the epoch; the shuffle gives each position a different example every epoch.
         dataset = dataset.enumerate().map(
-            lambda index, example: augment.tf_augment_one(index, example, seed),
+            lambda index, example: augment.tf_augment_one(index, example, seed, transforms),
             num_parallel_calls=parallel_calls,
             deterministic=knobs.deterministic,
         )
     dataset = dataset.batch(batch_size, drop_remainder=training and knobs.drop_remainder)
     if training:
         dataset = dataset.repeat()
-    if training and knobs.augment == "batched":
+    if augments(knobs, training, "batched"):
         # Indexed batches: augmentation draws are stateless functions of (seed, batch index).
         batch_augment = augment.tf_augment_batch if mirrored(knobs, training) else augment.tf_augment_plain_batch
         dataset = dataset.enumerate().map(
-            lambda index, batch: batch_augment(index, batch, seed),
+            lambda index, batch: batch_augment(index, batch, seed, transforms),
             num_parallel_calls=parallel_calls,
             deterministic=knobs.deterministic,
         )
@@ -388,14 +396,15 @@ def describe(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int, batch_
         stages.append(f"snapshot on disk ({cache_size_mb(knobs, spec, num_examples):.0f} MB)")
     if shuffle and not shuffles_records(knobs):
         stages.append(shuffle)
-    if knobs.augment in ("python", "per_example"):
-        stages.append(f"augment[{knobs.augment}]")
+    listed = ", ".join(knobs.transforms)
+    if knobs.transforms and knobs.augment in ("python", "per_example"):
+        stages.append(f"augment[{knobs.augment}: {listed}]")
     stages.append(f"batch({batch_size})")
-    if knobs.augment == "batched":
-        stages.append("augment[batched]")
+    if knobs.transforms and knobs.augment == "batched":
+        stages.append(f"augment[batched: {listed}]")
     if knobs.data_service:
         stages.append(f"tf.data service ({knobs.data_service_mode})")
     stages.append(f"prefetch({knobs.prefetch})" if knobs.prefetch else "no prefetch")
-    if knobs.augment == "device":
-        stages.append("augment[device, in the model]")
+    if knobs.transforms and knobs.augment == "device":
+        stages.append(f"augment[device, in the model: {listed}]")
     return " -> ".join(stages)

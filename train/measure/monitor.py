@@ -1,7 +1,7 @@
 """The utilization sampler as a Keras callback: a running Sampler's samples as TensorBoard scalars.
 
-The sampler itself (NVML, GPM, CPU) is train/measure/sampler.py, which imports neither Keras nor
-TensorFlow (`python -m train profile` samples from outside the training process); its names are
+The sampler itself (NVML, GPM, CPU) is the doctor's step_doctor/sampler.py, which imports neither Keras nor
+TensorFlow (`step-doctor profile` samples from outside the training process); its names are
 re-exported here for the callers that know them from this module.
 """
 

@@ -39,10 +39,11 @@ def build_model(
 
     def build():
         model = models.build_model(cfg.model.name, shape, spec.num_classes, cfg.model.params)
-        if cfg.pipeline.augment != "device":
+        if cfg.pipeline.augment != "device" or not cfg.pipeline.transforms:
             return model
         images = keras.Input(shape=shape, dtype="uint8", name="image")
-        augmented = augment.DeviceAugment(seed=cfg.train.seed, name="device_augment")(images)
+        layer = augment.DeviceAugment(seed=cfg.train.seed, transforms=cfg.pipeline.transforms, name="device_augment")
+        augmented = layer(images)
         return keras.Model(images, model(augmented), name=model.name)
 
     initial = None

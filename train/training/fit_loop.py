@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import time
 
-import keras
 import tensorflow as tf
 
 from step_doctor.callbacks import StepTraceProfiler
@@ -18,7 +17,7 @@ from train.core import files
 from train.core.errors import Stopped
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.throughput import StepTimer
-from train.training import checkpoint, compiled_model, guards, plan, run_summary
+from train.training import checkpoint, compiled_model, epoch, guards, plan, run_summary
 from train.training import setup as setup_lib
 from train.training.setup import RunSetup
 
@@ -46,12 +45,13 @@ class Callbacks:
 
     NaN guard before the checkpointer (the guard sets stop_training, the checkpointer then
     saves nothing more); profiler before the timer (starting and stopping the profiler stays
-    outside the timed steps); the signal stop after the checkpointer and TensorBoard (they have
-    counted the step and the epoch's metrics when it saves through the checkpointer and ends
-    the run); the stall watchdog last.
+    outside the timed steps); the epoch's end (validation into the epoch's logs, its scalars:
+    epoch.py, shared with the multi-worker loop) before the checkpointer, which saves those logs;
+    the signal stop after the checkpointer and the epoch's end (they have counted the step and the
+    epoch's metrics when it saves through the checkpointer and ends the run); the stall watchdog last.
     """
 
-    def __init__(self, setup: RunSetup, done_steps: int, history: dict, log):
+    def __init__(self, setup: RunSetup, done_steps: int, history: dict, log, val_ds):
         cfg = setup.cfg
         steps, epochs = setup.steps_per_epoch, cfg.train.epochs
         self.warmup = plan.warmup_steps(cfg.train.warmup_steps, steps, epochs - done_steps // steps)
@@ -90,15 +90,15 @@ class Callbacks:
                     else "The input pipeline stopped delivering batches."
                 ),
             )
-        self.board = keras.callbacks.TensorBoard(log_dir=str(setup.run_dir), write_graph=False, profile_batch=0)
+        self.epoch_end = epoch.EpochEnd(setup.run_dir, val_ds, self.watchdog)
         self.stopper = guards.GracefulStop(self.saver, steps, epochs, start_step=done_steps)
         ordered = [
             self.guard,
             self.profiler,
             self.timer,
+            self.epoch_end,
             self.saver,
             self.monitor,
-            self.board,
             self.stopper,
             self.watchdog,
         ]
@@ -118,7 +118,7 @@ class Callbacks:
 
     def stopped(self):
         """After a stop request ended `fit` early: close the profile window and flush the event files."""
-        for callback in (self.profiler, self.monitor, self.board):
+        for callback in (self.profiler, self.monitor, self.epoch_end):
             if callback is not None:
                 callback.on_train_end()
 
@@ -145,11 +145,7 @@ def train(setup: RunSetup, log=print) -> dict:
             "--fresh starts over"
         )
     done_steps = start_epoch * steps + start_step
-    callbacks = Callbacks(setup, done_steps, history, log)
-
-    # Repeated, and read validation_steps batches at a time: exactly one pass per evaluation, also
-    # where a distributed dataset hides its length from Keras (which then never restarts it).
-    val_ds = setup.build(spec.val_files, training=False).repeat()
+    callbacks = Callbacks(setup, done_steps, history, log, setup.build(spec.val_files, training=False))
     started = time.perf_counter()
     try:
         callbacks.start()
@@ -165,9 +161,7 @@ def train(setup: RunSetup, log=print) -> dict:
                 epochs=epochs,
                 steps_per_epoch=segment_steps,
                 shuffle=False,  # the dataset shuffles itself
-                validation_data=val_ds,
-                validation_steps=setup.validation_steps,
-                callbacks=callbacks.all,
+                callbacks=callbacks.all,  # validation included: epoch.EpochEnd, as in the multi-worker loop
                 verbose=1 if sys.stdout.isatty() else 2,
             )
             for key, values in segment.history.items():

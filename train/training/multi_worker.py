@@ -3,12 +3,14 @@
 Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so a
 multi-worker run uses TensorFlow's own custom-loop API: `distribute_datasets_from_function`
 (each worker reads its own shards: file-level sharding) and `strategy.run`. The run is set up
-by setup.py exactly like a `fit` run (same model, loss, optimizer, metrics, summary schema)
-and drives the same callbacks as `fit` does: the step timer, the profile window (one profile
-per worker), the checkpointer (the chief's, `checkpoint.every_steps` included) and the stall
-watchdog. The chief (worker 0) alone writes the run folder; every worker writes
-`workers/<task>.json` with a fingerprint of its final weights, so identical weights can be
-checked. Collectives time out after `train.collective_timeout_s` instead of hanging.
+by setup.py exactly like a `fit` run (same model, loss, optimizer, metrics, summary schema),
+runs the same step (Keras's own `model.train_step`, inside `strategy.run`) and the same end of
+an epoch (epoch.py: the validation pass and the epoch's scalars, the chief's), and drives the
+same callbacks as `fit` does: the step timer, the profile window (one profile per worker), the
+checkpointer (the chief's, `checkpoint.every_steps` included) and the stall watchdog. The
+chief (worker 0) alone writes the run folder; every worker writes `workers/<task>.json` with a
+fingerprint of its final weights, so identical weights can be checked. Collectives time out
+after `train.collective_timeout_s` instead of hanging.
 
 Agreement instead of guessing: every decision that all workers must take together rides on a
 collective, so every worker reads the same value and none is left waiting in a collective
@@ -21,7 +23,7 @@ that the others have left.
 
 Start local workers with `python -m train launch` (launch.py); on Kubernetes, TF_CONFIG comes
 from the pod's index (cluster.py, deploy/k8s/); elsewhere run `python -m train fit ...` on each
-host with TF_CONFIG set (see README).
+host with TF_CONFIG set (see docs/scaling-out.md).
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ import numpy as np
 import tensorflow as tf
 
 from step_doctor.callbacks import StepTraceProfiler
-from train import models
 from train.core import files
 from train.core.errors import RunFailed, Stopped, UserError
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.throughput import StepTimer
 from train.training import checkpoint, cluster, guards
 from train.training import setup as setup_lib
+from train.training.epoch import EpochEnd
 from train.training.setup import RunSetup
 
 # A stop request's place in the vector every step all-reduces after the loss.
@@ -79,9 +81,6 @@ class _Loop:
         self.steps, self.epochs = setup.steps_per_epoch, cfg.train.epochs
         self.chief = setup.task.is_chief
         self.stopper = guards.GracefulStop(None, self.steps, self.epochs, grace_s=cluster.STOP_GRACE_S)
-        self.loss_fn = models.loss()
-        # Training metrics over this worker's examples (the loss is averaged over every worker's).
-        self.train_metrics = models.metrics()
         self.history: dict = {}
         self.saver = None
         self.watchdog = None
@@ -93,8 +92,6 @@ class _Loop:
         iterator = iter(setup.strategy.distribute_datasets_from_function(self._dataset_fn(done)))
         train_step = self._train_step()
         callbacks = self._callbacks(done)
-        writer = files.scalar_writer(setup.run_dir / "train") if self.chief else None
-        val_ds = setup.build(setup.spec.val_files, training=False) if self.chief else None
         started = time.perf_counter()
         if self.sampler is not None:
             self.sampler.start()
@@ -102,17 +99,14 @@ class _Loop:
         try:
             for epoch in range(done // self.steps, self.epochs):
                 callbacks.on_epoch_begin(epoch)
-                losses, stop = self._epoch(epoch, done, iterator, train_step, callbacks)
-                logs = {"loss": float(np.mean(losses)), **{m.name: float(m.result()) for m in self.train_metrics}}
+                logs, stop = self._epoch(epoch, done, iterator, train_step, callbacks)
                 done = (epoch + 1) * self.steps
+                callbacks.on_epoch_end(epoch, logs)  # the chief validates and writes; its checkpoint keeps them
+                if self.saver is None:
+                    for key, value in logs.items():
+                        self.history.setdefault(key, []).append(value)
                 if stop and epoch + 1 < self.epochs:
-                    if self.chief:  # the epoch's metrics and validation go into its checkpoint first
-                        logs.update(_evaluate(self.model, val_ds, self.loss_fn, self.watchdog))
-                        self._epoch_end(epoch, logs, writer, callbacks)
                     raise self._stopped(done, stop)
-                if self.chief:
-                    logs.update(_evaluate(self.model, val_ds, self.loss_fn, self.watchdog))
-                    self._epoch_end(epoch, logs, writer, callbacks)
                 self.log(f"{setup.tag} epoch {epoch + 1}/{self.epochs}: " + _format(logs))
         finally:
             callbacks.on_train_end()
@@ -130,55 +124,51 @@ class _Loop:
             files.write_scalars(setup.run_dir / "train", [("data/skipped_records", len(setup.skipped), 0)], ".data")
         return setup_lib.finish(setup, self.model, result, log=self.log)
 
-    def _epoch(self, epoch: int, done: int, iterator, train_step, callbacks) -> tuple[list, int | None]:
-        """The steps of one epoch (from where the run resumed). Returns the losses and the agreed stop
-        signal when every worker is to stop after this epoch's last step, else None; raises when they
-        agreed to stop in the middle of it."""
-        for metric in self.train_metrics:
-            metric.reset_state()
-        losses = []
-        for index in range(max(0, done - epoch * self.steps), self.steps):
+    def _epoch(self, epoch: int, done: int, iterator, train_step, callbacks) -> tuple[dict, int | None]:
+        """The steps of one epoch (from where the run resumed). Returns the epoch's metrics (Keras's, over every
+        replica) and the agreed stop signal when every worker is to stop after this epoch's last step, else
+        None; raises when they agreed to stop in the middle of it."""
+        first = max(0, done - epoch * self.steps)
+        self._collective(epoch, first, self.model.reset_metrics)  # its replicated variables: every worker at once
+        logs = {}
+        for index in range(first, self.steps):
             callbacks.on_train_batch_begin(index)
-            requests = [1.0 if self.stopper.received == signum else 0.0 for signum in STOP_SIGNALS]
+            requests = tf.constant([1.0 if self.stopper.received == signum else 0.0 for signum in STOP_SIGNALS])
             try:
-                shared = train_step(iterator, tf.constant(requests, tf.float32)).numpy()
-            except _peer_errors() as error:
-                failure = peer_lost(error, self.setup.tag, epoch, index, self.setup)
-                if self.setup.cfg.pipeline.data_service:
-                    _exit_now(failure, 3)
-                raise failure from None
+                shared = self._collective(epoch, index, lambda r=requests: train_step(iterator, r).numpy())
             except tf.errors.ResourceExhaustedError:
                 raise guards.oom_error(
                     self.setup.cfg.pipeline.batch_size, self.setup.found.describe(), self.setup.cfg.runs_dir
                 ) from None
             except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.UnknownError) as error:
                 raise setup_lib.data_error(error, self.setup) from None
-            losses.append(float(shared[0]))
-            callbacks.on_train_batch_end(index, {"loss": losses[-1]})
-            if not np.isfinite(losses[-1]):
+            metrics, requested = shared[: len(train_step.names)], shared[len(train_step.names) :]
+            # Each replica's running means of this epoch, summed by the all-reduce: their mean over every replica
+            logs = {name: float(value) / self.setup.replicas for name, value in zip(train_step.names, metrics)}
+            callbacks.on_train_batch_end(index, logs)
+            if not np.isfinite(logs["loss"]):
                 last = checkpoint.latest(self.setup.run_dir) if self.chief else None
                 raise guards.nan_error(
-                    {"loss": losses[-1], "global_step": epoch * self.steps + index + 1, "epoch": epoch},
+                    {"loss": logs["loss"], "global_step": epoch * self.steps + index + 1, "epoch": epoch},
                     str(last[0]) if last else None,
                     self.setup.cfg.train.learning_rate,
                 )
-            stop = next((signum for signum, count in zip(STOP_SIGNALS, shared[1:]) if count > 0), None)
+            stop = next((signum for signum, count in zip(STOP_SIGNALS, requested) if count > 0), None)
             if stop and index + 1 < self.steps:
                 raise self._stopped(epoch * self.steps + index + 1, stop)
             if stop:
-                return losses, stop
-        return losses, None
+                return logs, stop
+        return logs, None
 
-    def _epoch_end(self, epoch: int, logs: dict, writer, callbacks) -> None:
-        """The chief's epoch end: TensorBoard scalars, history, the epoch's checkpoint."""
-        with writer.as_default(step=epoch):
-            for key, value in logs.items():
-                tf.summary.scalar(f"epoch_{key}", value)
-        writer.flush()
-        callbacks.on_epoch_end(epoch, logs)
-        if self.saver is None:
-            for key, value in logs.items():
-                self.history.setdefault(key, []).append(value)
+    def _collective(self, epoch: int, index: int, call):
+        """`call()`, which every worker makes together: a peer that died or stopped answering is one paragraph."""
+        try:
+            return call()
+        except _peer_errors() as error:
+            failure = peer_lost(error, self.setup.tag, epoch, index, self.setup)
+            if self.setup.cfg.pipeline.data_service:
+                _exit_now(failure, 3)
+            raise failure from None
 
     def _stopped(self, done: int, signum: int) -> Stopped:
         """Every worker agreed to stop after step `done`: the chief saves there; one line each."""
@@ -260,41 +250,43 @@ class _Loop:
         return dataset_fn
 
     def _train_step(self):
-        model, strategy, batch, loss_fn = self.model, self.setup.strategy, self.setup.global_batch, self.loss_fn
-        optimizer, train_metrics = model.optimizer, self.train_metrics
+        """Keras's own step (the one `fit` runs) on each replica. Its metrics and the stop requests ride on one
+        all-reduce, so every worker reads the same sums; `train_step.names` names the metrics, in order."""
+        model, strategy = self.model, self.setup.strategy
+        names: list[str] = []
 
         @tf.function
         def train_step(iterator, requests):
-            def step(images, labels, requests):
-                with tf.GradientTape() as tape:
-                    logits = model(images, training=True)
-                    loss = tf.nn.compute_average_loss(loss_fn.call(labels, logits), global_batch_size=batch)
-                    scaled = optimizer.scale_loss(loss) if hasattr(optimizer, "scale_loss") else loss
-                gradients = tape.gradient(scaled, model.trainable_variables)
-                optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-                # The stop requests ride on the loss's all-reduce: every worker reads the same sums.
-                return tf.concat([tf.reshape(tf.cast(loss, tf.float32), [1]), requests], 0), labels, logits
+            def step(batch, requests):
+                logs = model.train_step(batch)
+                names[:] = list(logs)  # known once traced
+                values = [tf.reshape(tf.cast(logs[name], tf.float32), [1]) for name in names]
+                return tf.concat([*values, requests], 0)
 
-            images, labels = next(iterator)
-            shared, labels, logits = strategy.run(step, args=(images, labels, requests))
-            for metric in train_metrics:
-                metric.update_state(
-                    tf.concat(strategy.experimental_local_results(labels), 0),
-                    tf.concat(strategy.experimental_local_results(logits), 0),
-                )
+            shared = strategy.run(step, args=(next(iterator), requests))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, shared, axis=None)
 
+        train_step.names = names
         return train_step
 
     def _callbacks(self, done: int) -> keras.callbacks.CallbackList:
-        """The `fit` loop's callbacks, in its order: profiler before the timer, checkpointer and monitor
-        after it, the stall watchdog last. Every worker profiles and samples its own host into its own
-        folder (the chief into the run's)."""
+        """The `fit` loop's callbacks, in its order: profiler before the timer, the epoch's end (the chief's
+        validation and scalars, epoch.py) before the checkpointer, the monitor after it, the stall watchdog
+        last. Every worker profiles and samples its own host into its own folder (the chief into the run's)."""
         setup, cfg = self.setup, self.setup.cfg
         remaining = self.steps * self.epochs - done
         warmup = setup_lib.warmup_steps(cfg.train.warmup_steps, self.steps, self.epochs - done // self.steps)
         self.timer = StepTimer(setup.global_batch, warmup)
-        ordered = [None, self.timer]
+        timeout = guards.stall_timeout(cfg.train.stall_timeout_s, cfg.pipeline.data_service)
+        if timeout:
+            where = f"the tf.data service at {cfg.pipeline.data_service}" if cfg.pipeline.data_service else "the input"
+            self.watchdog = guards.StallWatchdog(
+                timeout,
+                f"{setup.tag}: {where} stopped delivering batches, or another worker stopped stepping (check that "
+                "the data service workers and every training worker run).",
+            )
+        val_ds = setup.build(setup.spec.val_files, training=False) if self.chief else None
+        ordered = [None, self.timer, EpochEnd(setup.run_dir, val_ds, self.watchdog)]
         if cfg.profile.enabled:
             start = max(0, min(cfg.profile.start_step, remaining - cfg.profile.num_steps - 2))
             ordered[0] = StepTraceProfiler(worker_dir(setup), start, cfg.profile.num_steps)
@@ -312,15 +304,7 @@ class _Loop:
         if self.sampler is not None:
             say = lambda message: self.log(f"{setup.tag} {message}")  # noqa: E731
             ordered.append(MonitorCallback(self.sampler, worker_dir(setup) / "system", log=say))
-        timeout = guards.stall_timeout(cfg.train.stall_timeout_s, cfg.pipeline.data_service)
-        if timeout:
-            where = f"the tf.data service at {cfg.pipeline.data_service}" if cfg.pipeline.data_service else "the input"
-            self.watchdog = guards.StallWatchdog(
-                timeout,
-                f"{setup.tag}: {where} stopped delivering batches, or another worker stopped stepping (check that "
-                "the data service workers and every training worker run).",
-            )
-            ordered.append(self.watchdog)
+        ordered.append(self.watchdog)
         return keras.callbacks.CallbackList([c for c in ordered if c is not None], model=self.model)
 
 
@@ -360,21 +344,6 @@ def _exit_now(error: Exception, status: int) -> None:
     os._exit(status)
 
 
-def _evaluate(model: keras.Model, dataset: tf.data.Dataset, loss_fn, watchdog=None) -> dict:
-    """The chief's pass over the whole validation split, with the run's loss and metrics."""
-    metrics = models.metrics()
-    total, loss_sum = 0, 0.0
-    for index, (images, labels) in enumerate(dataset):
-        logits = model(images, training=False)
-        loss_sum += float(tf.reduce_sum(loss_fn.call(labels, logits)))
-        for metric in metrics:
-            metric.update_state(labels, logits)
-        total += int(labels.shape[0])
-        if watchdog is not None:
-            watchdog.on_test_batch_end(index)
-    return {"val_loss": loss_sum / total, **{f"val_{m.name}": float(m.result()) for m in metrics}}
-
-
 def _format(logs: dict) -> str:
     return ", ".join(f"{key} {value:.4f}" for key, value in logs.items())
 
@@ -391,8 +360,14 @@ def _peer_errors() -> tuple:
 def peer_lost(error, name: str, epoch: int, index: int, setup: RunSetup) -> RunFailed:
     """One paragraph for a collective that failed because another worker died or stopped answering."""
     text = str(getattr(error, "message", error))
-    peer = re.search(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", text)
-    who = f"{peer.group(1)} {peer.group(2)}" if peer else "another worker"
+    # The peer: the remote target gRPC names, else the first task that is not this one (an op's own device
+    # names this task too)
+    own = (setup.task.kind, str(setup.task.index))
+    tasks = re.findall(r"(remote target )?/job:(\w+)(?:/replica:\d+)?/task:(\d+)", text)
+    peers = [(kind, index) for remote, kind, index in tasks if remote] + [
+        (kind, index) for _, kind, index in tasks if (kind, index) != own
+    ]
+    who = " ".join(peers[0]) if peers else "another worker"
     lines = [
         line.strip()
         for line in text.splitlines()

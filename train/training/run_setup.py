@@ -44,11 +44,6 @@ class RunSetup:
     def tag(self) -> str:
         return f"[{self.cfg.name}{self.task.label}]"
 
-    @property
-    def validation_steps(self) -> int:
-        """Batches in one pass over the validation split (the last one may be short)."""
-        return pipeline.steps_per_epoch(self.spec.num_val, self.global_batch, drop_remainder=False)
-
     def build(
         self, files_, *, training: bool, seed: int | None = None, batch_size: int | None = None
     ) -> tf.data.Dataset:

@@ -9,8 +9,9 @@ sources are merged in time order, and each measure keeps only a running union an
 per step. Memory stays at a few blocks whatever the size of the device planes.
 
 Per step window:
-- compute: the union of the model's ops and all device activity that started in the step,
-  outside the input waits (what input_wait.py calls compute, as before this reader);
+- compute: the union of the model's ops (or the runs of its XLA executable: tf_names.XLA_RUNS) and all
+  device activity that started in the step, outside the input waits (what input_wait.py calls compute,
+  as before this reader);
 - host compute: the same for the host ops alone;
 - per device: busy (the union of its kernels inside the step, across streams: the time in
   which any kernel ran, what NVML calls utilization), kernels started, copy time by
@@ -33,6 +34,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from step_doctor.diagnose import hosttrace, xspace
+from step_doctor.diagnose.tf_names import XLA_RUNS
 
 HOST_OPS, LAUNCHES, WORK, WAITS = 0, 1, 2, 3  # WORK: any other event on a thread of the step but its caller's
 STALL_GAP_US = 1000.0  # a gap in the step's recorded work this long is no hand-off between threads (see above)
@@ -196,8 +198,8 @@ def _host_kinds(plane: xspace.Plane, grouped: bool) -> tuple[np.ndarray, np.ndar
     kinds = []
     for i in ids:
         name = plane.event_names[i]
-        if grouped and hosttrace.is_tf_op(name):
-            kinds.append(HOST_OPS)
+        if (grouped and hosttrace.is_tf_op(name)) or XLA_RUNS.match(plane.display_names.get(i) or name):
+            kinds.append(HOST_OPS)  # a step compiled with XLA runs its ops inside the executable's run
         elif hosttrace.CUDA_LAUNCHES.match(name):
             kinds.append(LAUNCHES)
         else:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xspace
+from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xla, xspace
 from step_doctor.diagnose.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
 
 STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
@@ -38,7 +38,7 @@ STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
 }
 INPUT_BOUND_HIGH = 20.0  # xprof's own threshold: "HIGHLY" input-bound
 # xprof's conversion holds the whole profile in memory: measured here 0.2 s and 20 MB of memory per MB of
-# profile, 0.7 s at the least (tests/test_diagnose_scale.py; README "diagnose at scale"). Above this size its
+# profile, 0.7 s at the least (tests/test_diagnose_scale.py; docs/doctor.md, "diagnose at scale"). Above this size its
 # breakdown would cost more than the rest of the analysis: skipped.
 XPROF_MAX_MB = 8.0
 # Past this size TensorBoard's Profile tab needs several GB of memory to open the profile (20-30 GB per GB,
@@ -110,7 +110,7 @@ def analyze_session(session: Path) -> dict:
         said["errors"] += [e for e in trace.space.errors if e not in said["errors"]]
         said["warnings"] += [w for w in trace.space.warnings if w not in said["warnings"]]
         try:
-            found = step_windows.find(trace)
+            found = xla.without_warm_up(trace, step_windows.find(trace))
             if wait is None and found is not None:
                 steps, wait = found, input_wait.analyze(trace, found)  # streams the device planes too
                 planes_say = _hardware(trace.space)
@@ -148,7 +148,7 @@ _SKIPPED_XPROF = (
     "xprof's own step breakdown (its step time, input, host and device compute, launch, compile and copy times, "
     "conclusion and diagnostics): its converter reads the whole {mb:,.0f} MB profile into memory (about 20 MB of "
     "memory and 0.2 s per MB of profile), more than the rest of the analysis costs. The figures here come from the "
-    "trace itself; compile time is not measured."
+    "trace itself."
 )
 
 
@@ -188,7 +188,10 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
         has_markers = bool(steps) and steps.source == step_windows.MARKERS and bool(wait.get("measured"))
     measured = bool(wait.get("measured"))
     device = wait.get("device") if measured else None
-    if xprof and has_markers:
+    # XLA compiling in the steps: xprof never classifies a TensorFlow host event as compile (on a CPU it is host
+    # compute; a GPU profile's step time leaves it out), and its figures count the warm-up steps left out here
+    compiled = measured and bool(wait.get("compile_ms") or (wait.get("xla") or {}).get("warm_up"))
+    if xprof and has_markers and not compiled:
         figures = xprof["figures"]
     elif measured:  # no step xprof can see, or xprof not run: the breakdown of the steps, from the trace
         figures = dict.fromkeys(STEP_FIELDS, 0.0)
@@ -197,6 +200,7 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
             input_ms=wait["input_ms"],
             host_compute_ms=wait["host_compute_ms"] if device else wait["compute_ms"],
             other_ms=round(wait["overhead_ms"] + (wait.get("stall_ms") or 0.0), 3),  # a stall is "other" here too
+            compile_ms=wait.get("compile_ms") or 0.0,
         )
         if device:
             figures.update(
@@ -216,12 +220,12 @@ def _figures(xprof: dict | None, wait: dict, steps, planes_say: str) -> dict:
     return {
         "hardware_type": hardware,
         "has_step_markers": has_markers,
-        "steps": len(xprof["steps"]) if xprof and has_markers else (wait.get("steps") or 0),
+        "steps": len(xprof["steps"]) if xprof and has_markers and not compiled else (wait.get("steps") or 0),
         **figures,
         "input_bound_percent": input_share,
         "xprof_input_percent": 100 * xprof["figures"]["input_ms"] / xprof_step if xprof and has_markers else None,
         "device_busy_percent": 100 * figures["device_compute_ms"] / step_ms if step_ms and has_device else None,
-        "conclusion": xprof["conclusion"] if xprof else "",
+        "conclusion": xprof["conclusion"] if xprof and not compiled else "",  # else of figures not shown
         "diagnostics": xprof["diagnostics"] if xprof else [],
     }
 

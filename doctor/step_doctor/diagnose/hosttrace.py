@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from step_doctor.diagnose import xspace
+from step_doctor.diagnose.tf_names import XLA_COMPILES, XLA_RUNS
 
 GET_NEXT = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute")
 FUNCTION_CALL = "InstantiatedCapturedFunction::"
@@ -54,6 +55,7 @@ ARGS = {
     "buffered_elements",
     "step_num",
     "iter_num",
+    "element_size",  # GetNext: bytes of the batch, the same for batches of the same shape (xla.py counts shapes)
     "tf_function_call",
     "_r",
 }
@@ -69,7 +71,7 @@ TF_DATA_FUNCTION_RUNS = {
 }
 CUDA_LAUNCHES = re.compile(r"^(cu|cuda)(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
 
-SKIP, KEEP, OP, LAUNCH, CALL, OTHER = range(6)  # what a host event's name says about it
+SKIP, KEEP, OP, LAUNCH, CALL, OTHER, XLA_RUN, XLA_COMPILE = range(8)  # what a host event's name says about it
 
 
 class ProfileError(Exception):
@@ -114,6 +116,8 @@ class HostTrace:
     executors: list[Event] = field(default_factory=list)
     data_ops: list[Event] = field(default_factory=list)  # TensorFlow ops on tf.data threads
     executions: list[Event] = field(default_factory=list)  # EXECUTE on threads outside tf.data (the callers')
+    xla_runs: list[Event] = field(default_factory=list)  # XLA executing a compiled program (tf_names.XLA_RUNS)
+    xla_compiles: list[Event] = field(default_factory=list)  # XLA compiling one (tf_names.XLA_COMPILES)
     # (plane, line) and line of every host line outside tf.data with a timed event: threads of the training step
     step_lines: list = field(default_factory=list)
 
@@ -201,6 +205,10 @@ def _kind(name: str, display: str, grouped: bool) -> int:
         return KEEP
     if shown.startswith(FUNCTION_CALL):
         return CALL
+    if XLA_RUNS.match(shown):
+        return XLA_RUN
+    if XLA_COMPILES.match(shown):
+        return XLA_COMPILE
     if grouped and is_tf_op(name):
         return OP
     if CUDA_LAUNCHES.match(name):
@@ -324,6 +332,10 @@ def _index(trace: HostTrace) -> None:
                 trace.calls.append(event)
             elif event.op:
                 trace.data_ops.append(event)
+        elif XLA_RUNS.match(name):
+            trace.xla_runs.append(event)
+        elif XLA_COMPILES.match(name):
+            trace.xla_compiles.append(event)
 
 
 class _Names:
@@ -364,9 +376,10 @@ def _read_line(trace: HostTrace, space, plane, kinds: _PlaneKinds, names: _Names
         timed = block.duration_ps > 0
         trace.host_events += int(np.count_nonzero(timed))
         timed_any = timed_any or bool(timed.any())
-        has_ops = has_ops or bool(np.any((kind == OP) & timed))
+        has_ops = has_ops or bool(np.any(((kind == OP) | (kind == XLA_RUN)) & timed))
         has_launches = has_launches or bool(np.any(kind == LAUNCH))
-        keep = timed & ((kind == KEEP) | (kind == CALL) | ((kind == OP) & tf_data))
+        # XLA's runs and compiles are few per step: kept, for the compile figures (xla.py)
+        keep = timed & ((kind == KEEP) | (kind == CALL) | ((kind == OP) & tf_data) | (kind >= XLA_RUN))
         others = timed & (kind == OTHER)
         if others.any():
             keep |= others & kinds.with_stats(block, tf_data)

@@ -32,7 +32,7 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from step_doctor.diagnose import activity, stalls
+from step_doctor.diagnose import activity, stalls, xla
 from step_doctor.diagnose.hosttrace import EXECUTOR, FUNCTION_CALL, GET_NEXT, Event, HostTrace
 from step_doctor.diagnose.step_windows import Steps
 from step_doctor.diagnose.tf_names import (  # noqa: F401 (the causes read these from here)
@@ -264,6 +264,7 @@ def analyze(trace: HostTrace, steps: Steps | None) -> dict:
     split = stalls.split(step_us, waits_per_step, work["compute_us"].tolist(), gaps, caller)
     split["replicas"] = _replicas(windows, wait_events, roots_of)
     report = _report(steps, stages, step_us, waits_per_step, wait_events, work["compute_us"].tolist(), getnext_floor, n)
+    xla.apply(report, xla.measure(trace, steps))
     stalls.apply(report, split)
     report["host_compute_ms"] = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
     report["device"] = activity.device_figures(work, n)

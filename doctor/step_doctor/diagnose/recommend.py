@@ -6,7 +6,7 @@ from step_doctor.diagnose.device import DeviceView, view
 from step_doctor.diagnose.input_causes import input_causes
 from step_doctor.diagnose.recommendation import Causes, Recommendation, rank
 from step_doctor.diagnose.stalls import working_step
-from step_doctor.diagnose.step_causes import device_causes, per_step_overhead
+from step_doctor.diagnose.step_causes import device_causes, per_step_overhead, recompilation
 from step_doctor.diagnose.structural import latent_fixes, structural_fixes
 from step_doctor.diagnose.verdict import INPUT_BOUND
 
@@ -29,6 +29,7 @@ def recommendations(
     input_causes(wait, device.cpu_only, pipeline)
     if wait.get("measured"):
         per_step_overhead(wait, pipeline)
+        recompilation(wait, pipeline)
     step = Causes(profile["step_time_ms"])  # figures of xprof's step breakdown
     device_causes(profile, config or {}, device.busy_percent, step)
     ranked = rank(pipeline.found + step.found)

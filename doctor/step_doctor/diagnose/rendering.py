@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from step_doctor.diagnose import xla
 from step_doctor.diagnose.recommendation import CORRECTNESS, Recommendation
 from step_doctor.diagnose.report import HOW_TO_CAPTURE
 from step_doctor.diagnose.stalls import left_out
@@ -51,10 +52,11 @@ def _figures(profile: dict, device: dict) -> list[str]:
         busy_text = f"{busy:.1f}%"
     else:
         busy_text = "n/a (CPU-only profile)" if device["cpu_only"] else "not measured (see the note below)"
+    compiled = f" + compile {profile['compile_ms']:.1f}" if profile.get("compile_ms") else ""
     return [
         f"  step {profile['step_time_ms']:.1f} ms = input {profile['input_ms']:.1f} + host compute "
         f"{profile['host_compute_ms']:.1f} + device compute {profile['device_compute_ms']:.1f} + launch "
-        f"{profile['kernel_launch_ms']:.1f} + other {profile['other_ms']:.1f} ms",
+        f"{profile['kernel_launch_ms']:.1f}{compiled} + other {profile['other_ms']:.1f} ms",
         f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time{without}; device busy: {busy_text}",
     ]
 
@@ -169,6 +171,7 @@ def _run(item: dict) -> list[str]:
     label = " (inferred steps)" if item["steps_inferred"] else ""
     lines.append(f"  verdict: {item['verdict'].upper()}{label}")
     lines += _figures(profile, item["device"]) + _stall(wait) + _pipeline(wait)
+    lines += [f"  {line}" for line in [xla.summary(wait)] if line]
     if profile["has_step_markers"] and profile["conclusion"]:
         lines.append(f"  xprof: {profile['conclusion']}")
     lines += _recommendations([Recommendation.from_dict(r) for r in item["recommendations"]])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from step_doctor.diagnose import analysis
+from step_doctor.diagnose import analysis, xla
 from step_doctor.diagnose.device import DeviceView, run_record, view
 from step_doctor.diagnose.recommend import latent, recommendations
 from step_doctor.diagnose.verdict import verdict
@@ -99,13 +99,15 @@ def diagnose(logdir: str | Path) -> dict:
 
 
 def notes(profile: dict, device: DeviceView | None = None) -> list[str]:
-    """What the figures cannot show in this profile: a device's share, shared cores, producers that left no events."""
+    """What the figures cannot show in this profile: a device's share, shared cores, XLA's compiles (diagnose/xla.py),
+    producers that left no events."""
     device = device or view(profile)
     found = [device.unmeasured] if device.unmeasured else []
     wait = profile["input_pipeline"]
     if not wait.get("measured"):
         return found
     found += [CPU_ONLY_NOTE] if device.cpu_only else []
+    found += xla.notes(wait)
     lost, input_ms = wait.get("unattributed_ms") or 0.0, wait["input_ms"] or 0.0
     if input_ms >= 0.1 * wait["step_ms"] and lost >= 0.25 * input_ms:
         held = max((s for s in wait["stages"] if s["pass_through"]), key=lambda s: s["blocking_ms"])

@@ -1,16 +1,17 @@
 """Causes in the training step itself, outside the input pipeline: one function per cause.
 
-Per-step overhead (Python, callbacks, dispatching the step) comes from the host trace's steps
-(diagnose/input_wait.py); kernel launches, compilation, copies, work placed on the host,
-a model too small for its device and float32 where mixed precision would serve come from
-xprof's step breakdown, which exists only where the profile has step markers.
+Per-step overhead (Python, callbacks, dispatching the step) and XLA compiling the step again for
+new shapes come from the host trace's steps (diagnose/input_wait.py, diagnose/xla.py); kernel
+launches, copies, work placed on the host, a model too small for its device and float32 where
+mixed precision would serve come from xprof's step breakdown, which exists only where the
+profile has step markers (and compilation too, where xprof reports it and the trace shows none).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from step_doctor.diagnose import analysis
+from step_doctor.diagnose import analysis, xla
 from step_doctor.diagnose.recommendation import Causes, ms, pct
 from step_doctor.diagnose.stalls import left_out, working_step
 
@@ -19,13 +20,15 @@ SPE = 16  # steps_per_execution suggested when the batch cannot grow
 
 
 def per_step_overhead(wait: dict, causes: Causes) -> None:
-    """Step time that is neither input wait nor the model's ops: small-batch, else per-step-overhead."""
+    """Step time that is neither input wait nor the model's ops (nor compiling them): small-batch, else
+    per-step-overhead."""
     overhead, batch, step = wait["overhead_ms"], wait.get("batch_size"), working_step(wait)
-    if overhead <= 0:
+    if overhead <= 0 or xla.unseen_compiles(wait):  # what the trace cannot tell from compiling (diagnose/xla.py)
         return
+    compiled = " nor compiling them" if wait.get("compile_ms") else ""
     figures = (
         f"a step takes {ms(step)}{stall_words(wait)}; {ms(overhead)} of it ({pct(overhead, step)}) is neither waiting "
-        "for input nor running the model's ops (Python, Keras callbacks, dispatching the step)"
+        f"for input nor running the model's ops{compiled} (Python, Keras callbacks, dispatching the step)"
     )
     if batch and batch < TARGET_BATCH:
         causes.add(
@@ -82,7 +85,8 @@ def device_causes(profile: dict, config: dict, busy: float | None, causes: Cause
     train = config.get("train")
     b = Breakdown(profile, train.get("precision") if isinstance(train, dict) else None, busy)
     small_kernels(b, causes)
-    recompilation(b, causes)
+    if not (profile.get("input_pipeline") or {}).get("xla", {}).get("used"):  # else the trace's (recompilation)
+        compiled_per_xprof(b, causes)
     device_copies(b, causes)
     if b.busy is not None:
         host_placement(b, causes)
@@ -104,7 +108,43 @@ def small_kernels(b: Breakdown, causes: Causes) -> None:
     )
 
 
-def recompilation(b: Breakdown, causes: Causes) -> None:
+STATIC_SHAPES = (
+    "Give the step a few fixed shapes, so that each compiles once: bucket by length and pad to the bucket's "
+    "boundary, `dataset.bucket_by_sequence_length(length_fn, bucket_boundaries, bucket_batch_sizes, "
+    "pad_to_bucket_boundary=True, drop_remainder=True)` (its last boundary above the longest element); or pad every "
+    "batch to one length, `padded_batch(batch_size, padded_shapes=([MAX_LEN], []), drop_remainder=True)` after "
+    "cutting longer elements; and `drop_remainder=True` on `.batch()` (a smaller last batch is one more shape). "
+    "Or leave the step uncompiled while shapes vary: `model.compile(..., jit_compile=False)`. In this template: "
+    "pipeline.drop_remainder: true, train.jit_compile."
+)
+
+
+def recompilation(wait: dict, causes: Causes) -> None:
+    """XLA compiling the step again for the new shapes its batches keep bringing (the trace's compile events)."""
+    seen = wait.get("xla") or {}
+    if not seen.get("churn"):
+        return
+    step, compile_ms, each = working_step(wait), wait["compile_ms"], seen["compile_each_ms"]
+    shapes = seen["shapes"] or seen["compiles"]
+    ran = seen.get("ran_shapes") or []
+    examples = f"; the steps ran it compiled for {', '.join(ran[:4])}{', ...' if len(ran) > 4 else ''}" if ran else ""
+    process = f"; {seen['executables']} executables of the step in the process so far" if seen["executables"] else ""
+    causes.add(
+        "recompilation",
+        "The step is compiled again for every new shape",
+        compile_ms,
+        f"the step is compiled again for every new shape: {seen['compiles']} compiles of {shapes} distinct shapes in "
+        f"{seen['steps']} steps, {ms(each)} each; compiling takes {ms(compile_ms)} of the {ms(step)} step "
+        f"({pct(compile_ms, step)}){examples}{process}",
+        STATIC_SHAPES,
+        f"Estimate: the compile time measured in these steps removed, as with a fixed set of shapes compiled once each "
+        f"(one compile of {ms(each)} per bucket at the start); padding to a bucket's boundary adds some compute, which "
+        "this does not count.",
+    )
+
+
+def compiled_per_xprof(b: Breakdown, causes: Causes) -> None:
+    """Compilation as xprof reports it (a profile whose trace shows no XLA: xprof's own compile figure)."""
     if b.share("compile_ms") < 5:
         return
     causes.add(
@@ -112,8 +152,7 @@ def recompilation(b: Breakdown, causes: Causes) -> None:
         "The step is compiled again and again",
         b.profile["compile_ms"],
         f"{b.share('compile_ms'):.1f}% of step time ({b.profile['compile_ms']:.1f} ms) compiles",
-        "Keep shapes static so the step is traced once: `.batch(256, drop_remainder=True)`, pad variable-length "
-        "inputs to a few fixed sizes. In this template: pipeline.drop_remainder: true.",
+        STATIC_SHAPES,
     )
 
 

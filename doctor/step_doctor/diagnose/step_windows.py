@@ -15,7 +15,7 @@ and the input pipeline had filled its buffers before the capture began.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from step_doctor.diagnose.hosttrace import Event, HostTrace
 
@@ -31,6 +31,7 @@ class Steps:
     names: list[str]
     left_out: int  # steps seen but not analysed (the first)
     function: str | None = None  # the tf.function whose executions made the steps
+    warm_up: list[tuple[float, float]] = field(default_factory=list)  # steps left out: XLA's warm-up (xla.py)
 
     @property
     def inferred(self) -> bool:

@@ -4,10 +4,13 @@ A tf.data iterator event is named after its stage ("Iterator::Root::Prefetch::Pa
 which stages hand their input to other threads (asynchronous), which do no work of their own
 (pass-through), which read files, run a user's function or shuffle. An op event is named
 "scope/name:Type": what kind of work its type is (Python, decode, augmentation, resize, file
-reads). input_wait.py reads these; causes are named with them.
+reads). input_wait.py reads these; causes are named with them. A step compiled with XLA
+(`jit_compile=True`) runs no TensorFlow op of the model: its events are XLA's own (xla.py).
 """
 
 from __future__ import annotations
+
+import re
 
 ASYNC = {
     "Prefetch",
@@ -116,3 +119,22 @@ def op_category(op_type: str) -> str:
     if op_type in RESIZE_OPS:
         return "resize"
     return "other"
+
+
+# XLA running a compiled program on the host: the model's compute when the step is compiled. Its HLO ops nest inside
+# it (events named after the HLO instruction, with hlo_op, hlo_module and program_id stats), and the executable is
+# launched from a TensorFlow kernel (kernel_type StatefulPartitionedCall). CPU name measured with TensorFlow 2.21
+# (docs/xla.md); on a GPU, XLA's executable wraps its thunks in a TraceMe "<module>:XLA GPU module" (gpu_executable.cc)
+# and the kernels it launches are on the device planes, counted with every other kernel.
+XLA_RUNS = re.compile(r"^((Cpu|Gpu)Executable::Execute\w*|.+:XLA GPU module)$")
+# XLA compiling a program: these events, nested in one another and run partly on XLA's own codegen threads (their
+# union is the compile). CPU names measured with TensorFlow 2.21, the GPU ones read from XLA's sources
+# (gpu_compiler.cc). The lowering from TensorFlow to HLO that comes first has no event of its own (xla.py).
+XLA_COMPILES = re.compile(
+    r"^((Cpu|Gpu|NVPTX|AMDGPU)Compiler::\w+|JitCompiler::Compile|FusionCompiler::Compile|CompileSingleModule"
+    r"|HLO passes (through|after) layout assignment)$"
+)
+# One of these per compile of a program (its start): the count of compiles.
+XLA_COMPILE_ONCE = {"CpuCompiler::RunBackend", "GpuCompiler::OptimizeHloModule"}
+# /host:metadata holds one event name per XLA executable alive in the process: "<hlo module>(<program id>)".
+XLA_EXECUTABLE = re.compile(r"^(.+)\((\d+)\)$")

@@ -3,7 +3,8 @@
 Waiting for input 20 % of step time or more is input-bound (xprof's own "HIGHLY input-bound"
 threshold). Otherwise the step is device-bound when the accelerator (or, in a CPU-only profile,
 the CPU) computes most of it, host-bound when per-step overhead does (of the step without its stall,
-diagnose/stalls.py), and only not-input-bound
+diagnose/stalls.py), or compiling the step with XLA and per-step overhead together (the compiler
+runs on the host, and a step that compiles is not computing: diagnose/xla.py), and only not-input-bound
 where a device was there but its share of the step is not measured (diagnose/device.py).
 """
 
@@ -24,8 +25,8 @@ def verdict(profile: dict, device: DeviceView | None = None) -> str:
         return "input-bound"
     if device.cpu_only:  # the CPU is the compute device
         wait = profile.get("input_pipeline") or {}
-        overhead = wait.get("overhead_ms") or 0.0
-        return "host-bound" if overhead >= 0.5 * (profile["step_time_ms"] - left_out(wait)) else "device-bound"
+        host = (wait.get("overhead_ms") or 0.0) + (wait.get("compile_ms") or 0.0)
+        return "host-bound" if host >= 0.5 * (profile["step_time_ms"] - left_out(wait)) else "device-bound"
     if device.busy_percent is None:
         return "not-input-bound"
     return "device-bound" if device.busy_percent >= 50 else "host-bound"

@@ -25,6 +25,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 BLOCK_BYTES = 4 << 20  # one read of a line's events: big enough for numpy, small next to a GB profile
 _WINDOW = 64 << 10  # one read while walking a message's fields (metadata entries are small)
 _EVENT_TAG = 0x22  # XLine.events: field 4, length-delimited
+_LARGE_METADATA = 4 << 10  # an event metadata larger than this is read alone, its stats dropped (metadata_stats)
 
 
 class XSpaceError(Exception):
@@ -283,10 +284,15 @@ class XSpaceFile:
 
     def _plane(self, index: int, offset: int, length: int) -> Plane:
         plane = Plane(index, offset, length)
-        rest = []
+        rest, large = [], []
         for number, wire, at, size, data in self._fields(offset, offset + length, {1, 2, 4, 5, 6}):
             if number == 3 and wire == 2:
                 plane.lines.append(Line(plane, at, size))
+            elif number == 4 and size > _LARGE_METADATA:  # its name kept, not its stats (an XLA executable's HloProto)
+                large += [
+                    (key, meta.name, meta.display_name)
+                    for key, meta in self._entry(index, size, data).event_metadata.items()
+                ]
             elif number in (1, 2, 4, 5, 6):
                 rest.append(encode_varint(number << 3 | wire) + (encode_varint(size) if wire == 2 else b"") + data)
         try:
@@ -294,15 +300,43 @@ class XSpaceFile:
         except Exception as error:  # upb raises DecodeError on damaged bytes
             raise XSpaceError(f"plane {index} (at byte {offset}) has unreadable metadata ({error})") from None
         plane.id, plane.name = head.id, _text(head.name)
-        for key, meta in head.event_metadata.items():
-            plane.event_names[key] = _text(meta.name)
-            if meta.display_name:
-                plane.display_names[key] = _text(meta.display_name)
+        named = [(key, meta.name, meta.display_name) for key, meta in head.event_metadata.items()]
+        for key, name, display in large + named:  # (a rename appended later replaces a large entry)
+            plane.event_names[key] = _text(name)
+            if display:
+                plane.display_names[key] = _text(display)
         plane.stat_names = {key: _text(meta.name) for key, meta in head.stat_metadata.items()}
         plane.stats = {plane.stat_names.get(s.metadata_id, ""): stat_value(s, plane.stat_names) for s in head.stats}
         for line in plane.lines:
             self._line_header(line)
         return plane
+
+    def metadata_stats(self, plane: Plane, wanted: set[str]) -> Iterator[tuple[str, dict]]:
+        """(event name, {stat name: value}) of each event metadata of the plane that carries one of the `wanted` stats,
+        read again from the file an entry at a time: a Plane keeps names only (the HloProto that /host:metadata
+        holds for each XLA executable is tens of KB)."""
+        ids = {i for i, name in plane.stat_names.items() if name in wanted}
+        if not ids:
+            return
+        for number, wire, _, size, data in self._fields(plane.offset, plane.offset + plane.length, {4}):
+            if number != 4 or wire != 2 or data is None:
+                continue
+            for meta in self._entry(plane.index, size, data).event_metadata.values():
+                found = {
+                    plane.stat_names[stat.metadata_id]: stat_value(stat, plane.stat_names)
+                    for stat in meta.stats
+                    if stat.metadata_id in ids
+                }
+                if found:
+                    yield _text(meta.name), found
+
+    @staticmethod
+    def _entry(index: int, size: int, data: bytes):
+        """One event metadata entry of plane `index`, as an XPlane that holds only it."""
+        try:
+            return MESSAGES["XPlane"].FromString(encode_varint(4 << 3 | 2) + encode_varint(size) + data)
+        except Exception as error:  # upb raises DecodeError on damaged bytes
+            raise XSpaceError(f"an event metadata of plane {index} is unreadable ({error})") from None
 
     def _line_header(self, line: Line) -> None:
         """The fields before the first event: id, name, timestamp (writers put them first: field order)."""

@@ -22,6 +22,7 @@ from step_doctor import diagnose as analyser  # the analyser's entry points: dia
 from step_doctor import files
 from step_doctor.errors import UserError
 from step_doctor.profile import explain, runner
+from step_doctor.tensorboard import text_summary
 
 
 def main(args) -> int:
@@ -47,7 +48,15 @@ def main(args) -> int:
         flush=True,
     )
     started = time.time()
-    child, sampler = runner.run(command, logdir, steps, args.seconds, args.json, name=runner.script_name(command))
+    child, sampler = runner.run(
+        command,
+        logdir,
+        steps,
+        args.seconds,
+        args.json,
+        name=runner.script_name(command),
+        unsafe_multi_worker=args.unsafe_multi_worker,
+    )
     try:
         return _report(args, child, sampler, logdir, shown)
     finally:
@@ -84,6 +93,7 @@ def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) ->
     result = _loop_hints(json.loads(out.getvalue()), child)
     document = {**result, "logdir": str(shown), "capture": about, "utilization": usage, "tensorboard": board}
     files.write_json(logdir / "profile.json", document)
+    text_summary.write_diagnosis(logdir, result)  # the verdict in TensorBoard's Text tab too
     if args.json:
         print(json.dumps(document, indent=2, default=str))
     else:

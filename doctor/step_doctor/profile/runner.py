@@ -125,23 +125,33 @@ def discard(logdir: Path) -> None:
             break
 
 
-def child_env(logdir: Path, status_dir: str, steps, seconds, name: str) -> dict:
+def child_env(logdir: Path, status_dir: str, steps, seconds, name: str, unsafe_multi_worker: bool = False) -> dict:
     env = dict(os.environ)
     paths = [str(SITE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     settings = {"logdir": str(logdir), "status_dir": status_dir, "steps": steps, "seconds": seconds, "name": name}
+    settings["unsafe_multi_worker"] = unsafe_multi_worker
     env[ENV] = json.dumps({**settings, "parent": os.getpid()})
     return env
 
 
-def run(command: list[str], logdir: Path, steps, seconds, json_mode: bool, name: str, interval_s: float = 0.5):
+def run(
+    command: list[str],
+    logdir: Path,
+    steps,
+    seconds,
+    json_mode: bool,
+    name: str,
+    interval_s: float = 0.5,
+    unsafe_multi_worker: bool = False,
+):
     """Run the command to its end; returns (ChildRun, sampler) with the samples written under logdir/utilization.
 
     The command's own process profiles into logdir/<name>, a TF_CONFIG worker into logdir/<type>-<index>,
     any other Python process it starts into logdir/pid-<pid>: one TensorBoard run, and one verdict, each."""
     status_dir = tempfile.mkdtemp(prefix="step-doctor-profile-")
     try:
-        env = child_env(logdir, status_dir, steps, seconds, name)
+        env = child_env(logdir, status_dir, steps, seconds, name, unsafe_multi_worker)
         started = time.time()
         try:
             child = subprocess.Popen(command, env=env, stdout=sys.stderr.fileno() if json_mode else None)

@@ -338,10 +338,10 @@ class _Device:
         return b"".join(chunk for _, chunk in out)  # one kind per stream here: never interleaved
 
     @staticmethod
-    def metadata(index: int) -> bytes:
+    def metadata(index: int, renamed: dict | None = None) -> bytes:
         """The device plane's id, name, event and stat names, and device stats (no lines)."""
         plane = xspace.MESSAGES["XPlane"](id=100 + index, name=f"/device:GPU:{index}")
-        names = [name for name, _ in KERNELS] + [name for name, _, _ in COPIES]
+        names = [(renamed or {}).get(name, name) for name, _ in KERNELS] + [name for name, _, _ in COPIES]
         for i, name in enumerate(names, start=1):
             plane.event_metadata[i].id = i
             plane.event_metadata[i].name = name
@@ -364,16 +364,23 @@ class _Device:
         return plane.SerializeToString()
 
 
-def gpu_shaped(base: Path, out: Path, target_mb: float, seed: int = 0) -> dict:
-    """Write `out`: the capture `base` with GPU planes and launches added, about `target_mb` MB in all."""
+def gpu_shaped(
+    base: Path, out: Path, target_mb: float, seed: int = 0, spans: list | None = None, renamed: dict | None = None
+) -> dict:
+    """Write `out`: the capture `base` with GPU planes and launches added, about `target_mb` MB in all.
+
+    `spans`: per analysed step, where its device work goes (default: the step after its input wait); `renamed`:
+    names of the capture's host events and of the kernels, replaced (an XLA step's: its CPU events named as on a GPU,
+    the kernels after fusions), the events themselves kept."""
     base, out = Path(base), Path(out)
-    spans, start_ns = _spans(base)
-    producers = _producers(base, spans)
+    found, start_ns = _spans(base)
+    spans = spans or found
+    producers = _producers(base, found)  # each step's own, wherever its device work goes
     steps = len(spans)
     out.parent.mkdir(parents=True, exist_ok=True)
     with xspace.XSpaceFile(base) as space:
         host = hosttrace.host_planes(space)[0]
-        host_ids, host_metadata = _host_additions(host)
+        host_ids, host_metadata = _host_additions(host, renamed or {})
     with tempfile.TemporaryDirectory(dir=out.parent) as folder:
         probe = _Device(0, Path(folder), start_ns, host_ids, seed)
         probe.step(np.asarray(spans[:1]), 1000, producers[:1])
@@ -393,7 +400,7 @@ def gpu_shaped(base: Path, out: Path, target_mb: float, seed: int = 0) -> dict:
         finally:
             for gpu in gpus:
                 gpu.close()
-        _assemble(base, out, Path(folder), devices, start_ns, host_metadata)
+        _assemble(base, out, Path(folder), devices, start_ns, host_metadata, renamed)
     return {
         "base": str(base),
         "steps": steps,
@@ -403,12 +410,17 @@ def gpu_shaped(base: Path, out: Path, target_mb: float, seed: int = 0) -> dict:
     }
 
 
-def _host_additions(host: xspace.Plane) -> tuple[dict, bytes]:
-    """Ids (after the capture's own) of the launch calls and their stats, and those metadata entries."""
+def _host_additions(host: xspace.Plane, renamed: dict) -> tuple[dict, bytes]:
+    """Ids (after the capture's own) of the launch calls and their stats, and those metadata entries; the entries of
+    renamed events again, with their new names (a map entry read later replaces an earlier one)."""
     next_event = max(host.event_names, default=0) + 1
     names = {value: key for key, value in host.stat_names.items()}
     next_stat = max(host.stat_names, default=0) + 1
     plane = xspace.MESSAGES["XPlane"]()
+    for key, name in host.event_names.items():
+        if name in renamed:
+            plane.event_metadata[key].id = key
+            plane.event_metadata[key].name = renamed[name]
     ids = {}
     for offset, name in enumerate([LAUNCH] + [api for _, api, _ in COPIES]):
         ids[name] = next_event + offset
@@ -432,7 +444,9 @@ def _host_additions(host: xspace.Plane) -> tuple[dict, bytes]:
     return ids, plane.SerializeToString()
 
 
-def _assemble(base: Path, out: Path, folder: Path, devices: int, start_ns: int, host_metadata: bytes) -> None:
+def _assemble(
+    base: Path, out: Path, folder: Path, devices: int, start_ns: int, host_metadata: bytes, renamed: dict | None
+) -> None:
     partial = out.with_name(out.name + ".partial")
     with xspace.XSpaceFile(base) as space, open(partial, "wb") as target:
         fd = os.open(base, os.O_RDONLY)
@@ -458,7 +472,7 @@ def _assemble(base: Path, out: Path, folder: Path, devices: int, start_ns: int, 
         finally:
             os.close(fd)
         for d in range(devices):
-            metadata = _Device.metadata(d)
+            metadata = _Device.metadata(d, renamed)
             streams = _Device.STREAMS.items()
             lines = [xspace_writer.line(sid, name, start_ns, folder / f"gpu{d}_{sid}.bin") for name, sid in streams]
             target.write(xspace_writer.field(1, len(metadata) + sum(len(h) + e.stat().st_size for h, e in lines)))

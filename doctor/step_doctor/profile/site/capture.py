@@ -43,11 +43,13 @@ def _sibling(name: str):
 
 
 keras_fit = _sibling("keras_fit")
+consume_fix = _sibling("consume_fix")
 DEFAULT_STEPS, TRAINERS = keras_fit.DEFAULT_STEPS, keras_fit.TRAINERS
 
 ENV = "STEP_DOCTOR_PROFILE"
 # A custom loop without --seconds: 2 s, extended to 12 steps (at most 60 s), cut at 50 steps (a fast loop's trace
-# grows with every step, and xprof's conversion with it).
+# grows with every step, and xprof's conversion with it). A worker of several (TF_CONFIG) captures exactly 12
+# steps instead, so that every worker captures the same ones whatever its clock says.
 AUTO_SECONDS, AUTO_MIN_CALLS, AUTO_MAX_CALLS, AUTO_MAX_SECONDS = 2.0, 12, 50, 60.0
 FUNCTIONS = "tensorflow.python.eager.polymorphic_function.polymorphic_function"
 PROFILER_APIS = (
@@ -128,7 +130,9 @@ class Capture(keras_fit.FitCapture):
             "capture": None,
             "most_called": None,
             "notes": [],
+            "consume_fix": settings.get("consume_fix"),
         }
+        self.multi_worker = consume_fix.is_multi_worker()
 
     # ---- status ----------------------------------------------------------------------------------
 
@@ -175,6 +179,17 @@ class Capture(keras_fit.FitCapture):
     def begin(self, where: str) -> None:
         if os.getpid() != self.pid:
             return
+        fix = self.status["consume_fix"]
+        if self.multi_worker and fix and not fix["loaded"] and not self.settings.get("unsafe_multi_worker"):
+            self.state = "skipped"
+            self.status["capture"] = {"state": "skipped", "at": where, "error": f"no fix: {fix['why']}"}
+            self.note(
+                "Not captured: this is one of several MultiWorkerMirroredStrategy workers, where TensorFlow's "
+                "profiler can crash the process when it stops (8 of 35 two-worker runs died on TensorFlow 2.21), and "
+                f"the fix that profile loads against it could not be loaded ({fix['why']}). `step-doctor profile "
+                "--unsafe-multi-worker` captures it anyway, at that risk; a C++ compiler (g++) lets the fix load."
+            )
+            return
         try:
             self.start_profiler(self.run_dir())
         except Exception as error:  # the script's own session runs, or the profiler failed
@@ -202,8 +217,9 @@ class Capture(keras_fit.FitCapture):
                 self.trace = None
             capture = self.status["capture"]
             capture.update(state="stopping", stopped_at=time.time(), why=why, last_step=self.status_steps())
-            # Saved first: a process that dies inside TensorFlow's stop (a native crash seen under
-            # MultiWorkerMirroredStrategy) leaves "stopping" behind, which the parent reports as such.
+            # Saved first: a process that dies inside TensorFlow's stop (TensorFlow's crash under
+            # MultiWorkerMirroredStrategy where its fix is not loaded: consume_fix.py) leaves "stopping" behind, which
+            # the parent reports as such.
             self.save()
             try:
                 self.tf.profiler.experimental.stop()
@@ -295,6 +311,8 @@ class Capture(keras_fit.FitCapture):
         if self.seconds:
             return elapsed >= self.seconds
         calls = len(self.call_times)
+        if self.multi_worker:
+            return calls >= AUTO_MIN_CALLS
         return (
             (elapsed >= AUTO_SECONDS and calls >= AUTO_MIN_CALLS)
             or calls >= AUTO_MAX_CALLS
@@ -339,6 +357,8 @@ def install() -> Capture | None:
         return None
     if not isinstance(settings, dict):
         return None
+    if consume_fix.is_multi_worker():  # before TensorFlow loads: see consume_fix.py
+        settings["consume_fix"] = consume_fix.load()
     capture = Capture(settings)
     hooks = {"tensorflow": capture.on_tensorflow}
     for module, class_name in TRAINERS.items():

@@ -1,0 +1,129 @@
+"""The verdict for TensorBoard's own Text tab, where the Diagnose tab is not installed.
+
+`step-doctor profile` writes each run's diagnosis into the run's folder, and the template's
+`compare` the comparison and both runs' verdicts, as text summaries: Markdown, which the Text tab
+renders, tables included. Written with TensorBoard's record writer and protos, as the sampler
+writes its scalars (sampler.py): TensorBoard's EventFileWriter would import TensorFlow.
+
+Each call replaces the summaries an earlier call wrote into the same folder (files ending in
+SUFFIX), so running compare again leaves one verdict per run, not one per attempt. Writing is a
+courtesy: a folder that cannot be written gets a warning, never a failed command.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+from step_doctor import diagnose as analyser
+from step_doctor.errors import UserError
+
+SUFFIX = ".step-doctor"
+DIAGNOSIS_TAG = "step_doctor/diagnosis"
+COMPARISON_TAG = "step_doctor/comparison"
+COMPARED = (  # (label, key in report.json's rows, decimals, unit)
+    ("examples/s", "examples_per_sec", 0, ""),
+    ("step time", "step_time_ms", 1, " ms"),
+    ("waiting for input (profiler)", "input_bound_percent", 1, " %"),
+    ("device busy (profiler)", "device_busy_percent", 1, " %"),
+    ("GPU utilization (NVML)", "gpu_utilization_percent", 1, " %"),
+    ("SM activity (NVML GPM)", "sm_activity_percent", 1, " %"),
+    ("CPU utilization", "cpu_utilization_percent", 1, " %"),
+)
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _figure(value, digits: int, unit: str) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}{unit}"
+
+
+def diagnosis_markdown(run: str, item: dict) -> str:
+    """One run's diagnosis: the summary line, the ranked recommendations as a table, the first fix, the notes."""
+    headline = analyser.render({"logdir": "", "runs": {run: item}}).splitlines()[0]
+    lines = [f"**{_cell(headline)}**", ""]
+    if item.get("verdict") == "unreadable":
+        return "\n".join(lines + [_cell(item.get("error", ""))])
+    if item.get("unmeasured"):
+        lines += [f"Not measured: {item['unmeasured']}", ""]
+    ranked = item.get("recommendations") or []
+    if ranked:
+        lines += ["| # | recommendation | removes per step | estimated gain |", "|---:|---|---:|---:|"]
+        for rank, found in enumerate(ranked, start=1):
+            removed = f"{found['removes_ms']:.1f} ms ({found['score']:.0f} %)"
+            lines.append(f"| {rank} | {_cell(found['title'])} | {removed} | {found['estimated_gain']:.2f}x |")
+        lines += ["", f"**First fix:** {ranked[0]['fix']}", "", f"Evidence: {ranked[0]['evidence']}", ""]
+    for found in item.get("latent") or []:
+        lines += [f"- Latent: **{found['title']}**. {found.get('if_faster') or found['evidence']}"]
+    for note in item.get("notes") or []:
+        lines += [f"- {note}"]
+    return "\n".join(lines).strip() + "\n"
+
+
+def comparison_markdown(report: dict, document: dict | None) -> str:
+    """compare's runs side by side, with each run's verdict and first fix where it was diagnosed."""
+    names = list(report["runs"])
+    lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for label, key, digits, unit in COMPARED:
+        cells = [_figure((report["runs"][n] or {}).get(key), digits, unit) for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    runs = (document or {}).get("runs", {})
+    verdicts, firsts = [], []
+    for name in names:
+        item = runs.get(name) or {}
+        first = (item.get("recommendations") or [{}])[0]
+        verdicts.append(str(item.get("verdict", "n/a")).upper())
+        firsts.append(f"{_cell(first['title'])} ({first['estimated_gain']:.2f}x)" if first else "none")
+    lines += ["| verdict | " + " | ".join(verdicts) + " |", "| first fix | " + " | ".join(firsts) + " |"]
+    if report.get("speedup"):
+        lines += ["", f"**Speedup: {report['speedup']:.2f}x** examples/s ({names[-1]} / {names[0]})."]
+    return "\n".join(lines) + "\n"
+
+
+def _write(folder: Path, tag: str, markdown: str) -> Path | None:
+    """One event file holding the text summary, replacing this module's earlier ones in that folder."""
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.plugins.text.summary_v2 import text_pb
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob(f"events.out.tfevents.*{SUFFIX}"):
+            old.unlink()
+        path = folder / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}{SUFFIX}"
+        with open(path, "wb") as file:
+            records = RecordWriter(file)
+            records.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+            summary = text_pb(tag, markdown, description="Written by step-doctor: the diagnosis of this run's profile.")
+            records.write(event_pb2.Event(wall_time=time.time(), step=0, summary=summary).SerializeToString())
+        return path
+    except OSError as error:
+        print(
+            f"warning: could not write the verdict for TensorBoard's Text tab into {folder}: {error}", file=sys.stderr
+        )
+        return None
+
+
+def write_diagnosis(logdir: Path, document: dict) -> list[Path]:
+    """Each diagnosed run's verdict, as a text summary in its own folder (its run in the Text tab)."""
+    written = []
+    for run, item in document.get("runs", {}).items():
+        path = _write(Path(logdir) / run, DIAGNOSIS_TAG, diagnosis_markdown(run, item))
+        written += [path] if path else []
+    return written
+
+
+def write_comparison(folder: Path, report: dict) -> list[Path]:
+    """compare's folder: its runs diagnosed (each verdict into its run), the side-by-side table into the folder."""
+    folder = Path(folder)
+    try:
+        document = analyser.diagnose(folder)
+    except UserError:  # the runs were made without a profile: the table still stands
+        document = None
+    written = write_diagnosis(folder, document) if document else []
+    path = _write(folder, COMPARISON_TAG, comparison_markdown(report, document))
+    return written + ([path] if path else [])
