@@ -362,6 +362,13 @@ def load(
     return cfg
 
 
+def task_of(path: str | Path) -> str:
+    """The task a preset trains (its `task:`, following `extends:`), read without building the config: the
+    commands that take presets choose the task's scenario and presets from it."""
+    task = _read_yaml(Path(path)).get("task", Config.task)
+    return task if task in typing.get_args(typing.get_type_hints(Config)["task"]) else Config.task
+
+
 def to_dict(cfg: Config) -> dict:
     values = dataclasses.asdict(cfg)
     values["model"] = {"name": cfg.model.name, **cfg.model.params}

@@ -254,7 +254,12 @@ def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | No
     (train.cpu_replicas) happens here, before any variant is built.
     """
     print(scenario.why + ".", flush=True)
-    spec, built = sources.prepare(configs[0].data)
+    if configs[0].task == "text":
+        from train.text import build as text_build
+
+        spec, built = text_build.prepare(configs[0].text.data)
+    else:
+        spec, built = sources.prepare(configs[0].data)
     if built:
         print(f"Built the dataset at {spec.root}.", flush=True)
     mirrored = [cfg.train.cpu_replicas for cfg in configs if cfg.train.strategy == "mirrored"]

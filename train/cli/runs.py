@@ -18,7 +18,7 @@ def cmd_data(args) -> int:
         import_tensorflow()
         from train import scenario
 
-        args.overlay = scenario.resolve(args.scenario).overlays + args.overlay
+        args.overlay = scenario.for_preset(args.scenario, args.config).overlays + args.overlay
     cfg = arguments.load(args)
     import_tensorflow()
     if cfg.task == "text":
