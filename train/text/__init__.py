@@ -14,7 +14,7 @@ and recompilation.
     pipeline.py      the one text pipeline builder (naive and optimized are presets of its knobs)
     model.py         a Transformer encoder that respects the padding (and segment) mask; serving raw strings
     figures.py       real tokens, padded slots, padding share and distinct shapes of a pipeline's batches
-    measure.py       the measurements written into TEXT-NOTES.md
+    measure.py       the measurements of docs/text.md (a standalone harness)
 
 Modules import their siblings by full path; this file re-exports nothing.
 """

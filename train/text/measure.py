@@ -1,4 +1,4 @@
-"""The text task's measurements (TEXT-NOTES.md): the naive and the optimized text pipelines alone and with the
+"""The text task's measurements (docs/text.md): the naive and the optimized text pipelines alone and with the
 small model, in short interleaved rounds; padding, shapes, XLA compiles; accuracy after a few epochs.
 
     python -m train.text.measure --phases input,e2e,figures,compiles,accuracy --out text-measure.json
