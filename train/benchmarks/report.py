@@ -69,6 +69,12 @@ def run_row(summary: dict) -> dict:
             padded_slots_per_s=text.get("padded_slots_per_s"),
             padding_share_percent=None if share is None else 100 * share,
             distinct_shapes=text.get("distinct_shapes"),
+            texts_per_step=text.get("texts_per_step"),
+            # the profile's step breakdown per 1,000 real tokens: text steps differ in the texts they hold
+            examples_per_profiled_step=(text.get("real_tokens_per_step") or 0)
+            / 1000
+            * (row["steps_per_execution"] or 1)
+            or None,
             xla_compiles=text.get("xla_compiles") if text.get("jit_compile") else off,
             compile_seconds=text.get("compile_seconds") if text.get("jit_compile") else off,
             shapes=text.get("shapes"),
@@ -125,6 +131,7 @@ TEXT_ROWS = (  # task: text, before ROWS
     ("padded slots/s", "padded_slots_per_s", 0, ""),
     ("padding share", "padding_share_percent", 1, " %"),
     ("distinct input shapes", "distinct_shapes", 0, ""),
+    ("texts per step", "texts_per_step", 1, ""),
     ("XLA compiles", "xla_compiles", 0, ""),
     ("compile seconds (XLA)", "compile_seconds", 1, ""),
 )
@@ -132,6 +139,10 @@ TEXT_ROWS = (  # task: text, before ROWS
 
 def rows_of(report: dict) -> tuple:
     return TEXT_ROWS + ROWS if report.get("task") == "text" else ROWS
+
+
+def _shapes(count) -> str:
+    return f"{count} shape" + ("" if count == 1 else "s")
 
 
 def _speedup_unit(report: dict) -> str:
@@ -234,10 +245,11 @@ def chart(report: dict, path: Path) -> None:
     labels = [f"{v:,.0f}" for v in values]
     if report.get("task") == "text":
         labels = [
-            f"{v:,.0f}\n{_fmt(r.get('padding_share_percent'), 0, ' %')} padding, {r.get('distinct_shapes')} shapes"
+            f"{v:,.0f}\n{_fmt(r.get('padding_share_percent'), 0, ' %')} padding, {_shapes(r.get('distinct_shapes'))}"
             for v, r in zip(values, runs)
         ]
     ax.bar_label(bars, labels=labels, fontsize=8)
+    ax.set_ylim(0, max(values + [1]) * 1.2)  # room for the labels under the title
     ax.set_title(f"Throughput ({unit})" + (f" - {report['speedup']:.1f}x" if report["speedup"] else ""))
     ax.set_ylabel(unit.replace("/s", " / second"))
 
@@ -245,13 +257,15 @@ def chart(report: dict, path: Path) -> None:
     bottoms = [0.0] * len(runs)
     for key, label, colour in BREAKDOWN:
         heights = [
-            ((r["step_breakdown_ms"] or {}).get(key) or 0.0) / r["examples_per_profiled_step"] * 1000 for r in runs
+            ((r["step_breakdown_ms"] or {}).get(key) or 0.0) / (r["examples_per_profiled_step"] or 1) * 1000
+            for r in runs
         ]
         if any(heights):
             ax.bar(names, heights, bottom=bottoms, label=label, color=colour)
             bottoms = [b + h for b, h in zip(bottoms, heights)]
-    ax.set_title("Step time per example, by category (profiler)")
-    ax.set_ylabel("microseconds per example")
+    per = "1,000 real tokens" if report.get("task") == "text" else "example"
+    ax.set_title(f"Step time per {per}, by category (profiler)")
+    ax.set_ylabel(f"microseconds per {per}")
     ax.legend(fontsize=8)
 
     ax = axes[2]

@@ -157,6 +157,7 @@ class TextFigures(keras.callbacks.Callback):
             "real_tokens": int(counts[0]),
             "padded_slots": int(counts[1] - counts[0]),
             "texts_per_step": counts[2] / counts[3] if counts[3] else None,
+            "real_tokens_per_step": counts[0] / counts[3] if counts[3] else None,
             "distinct_shapes": len(self.first_step_s),
             "shapes": [f"{rows}x{length}" for rows, length in sorted(self.first_step_s, key=lambda s: (s[1], s[0]))],
             "jit_compile": self.jit_compile,

@@ -124,7 +124,7 @@ def finish(setup: RunSetup, model: keras.Model, result: dict, log=print) -> dict
         + (f"{rate:,.0f} examples/s, step {result['step_time_ms']:.1f} ms, " if rate else "")
         + (
             f"{text['real_tokens_per_s']:,.0f} real tokens/s, {text['padding_share']:.0%} padding, "
-            f"{text['distinct_shapes']} shapes, "
+            f"{text['distinct_shapes']} shape{'' if text['distinct_shapes'] == 1 else 's'}, "
             if text.get("real_tokens_per_s") and text.get("padding_share") is not None
             else ""
         )
