@@ -57,9 +57,7 @@ def test_a_text_preset_is_a_config_like_any_other(tmp_path):
     config.save(cfg, tmp_path / "config.yaml")
     assert config.load(tmp_path / "config.yaml") == cfg  # saved into each run, read back unchanged
     assert config.load(ROOT / "configs/optimized.yaml").task == "image"
-    with pytest.raises(
-        UserError, match=r"unknown key 'text\.pipeline\.bucket_size'.*Valid keys under"
-    ):
+    with pytest.raises(UserError, match=r"unknown key 'text\.pipeline\.bucket_size'.*Valid keys under"):
         config.load(ROOT / "configs/text/naive.yaml", ["text.pipeline.bucket_size=3"])
     with pytest.raises(UserError, match=r"'task' must be 'image' or 'text', got 'audio'"):
         config.load(ROOT / "configs/text/naive.yaml", ["task=audio"])
