@@ -266,7 +266,8 @@ def chart(report: dict, path: Path) -> None:
     per = "1,000 real tokens" if report.get("task") == "text" else "example"
     ax.set_title(f"Step time per {per}, by category (profiler)")
     ax.set_ylabel(f"microseconds per {per}")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # runs without a profile draw no bars here
+        ax.legend(fontsize=8)
 
     ax = axes[2]
     metrics = CHART_METRICS
