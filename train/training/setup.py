@@ -1,6 +1,7 @@
 """One run set-up, whatever loop runs it: everything before the first step.
 
-    config -> the plan (plan.py: every `auto` decided for the detected devices and the dataset,
+    config -> the dataset (images: shards/catalog via sources.py; task: text, train/text/build.py)
+           -> the plan (plan.py: every `auto` decided for the detected devices and the dataset,
               the strategy, the global batch) -> data checked (data_checks.py)
            -> run folder, fresh or where a run stopped, with the resolved config (run_folder.py)
            -> this process's place in the cluster (task.py) -> seeds
@@ -54,17 +55,18 @@ def prepare(
 ) -> RunSetup:
     """Everything before the first step: the plan, data checks, run folder, seeds."""
     if cfg.task == "text":
-        if cfg.train.strategy == "multi_worker":
-            raise UserError(
-                "train.strategy 'multi_worker' is not wired for task: text yet (the multi-worker loop builds image "
-                "pipelines). Train text with train.strategy auto, default or mirrored."
-            )
         spec = text_build.locate(cfg.text.data, build_hint)
     else:
         spec = sources.locate(cfg.data, build_hint)
     found = devices.detect()
     made = plan(cfg, found, spec)
     cfg, choices = made.cfg, made.choices
+    if cfg.task == "text" and cfg.train.strategy == "multi_worker":
+        raise UserError(
+            "train.strategy is multi_worker (set, or `auto` under TF_CONFIG), which is not wired for task: text yet "
+            "(the multi-worker loop builds image pipelines). Train text in one process: unset TF_CONFIG, or set "
+            "train.strategy to default or mirrored."
+        )
     task = current_task() if cfg.train.strategy == "multi_worker" else Task()
     setup = RunSetup(
         cfg, spec, found, choices, made.strategy, task, made.global_batch, made.steps_per_epoch, config_path, build_hint
