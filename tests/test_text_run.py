@@ -138,3 +138,30 @@ def test_compare_text_reports_tokens_padding_and_shapes(tmp_path_factory):
     for column in ("| real (non-padding) tokens/s |", "| padding share |", "| distinct input shapes |"):
         assert column in markdown
     assert (out / "compare" / "report.png").stat().st_size > 10_000
+
+
+@pytest.mark.long
+def test_the_text_ladder_measures_every_rung_in_real_tokens(tmp_path_factory):
+    """`ladder` with the text presets: the shipped rungs (configs/ladder/text.yaml), as `make ladder TASK=text`."""
+    import yaml
+
+    out = tmp_path_factory.mktemp("text-ladder")
+    sets = tiny_text(out / "shards") + ["model.dim=8", "model.feed_forward=16", "text.pipeline.token_budget=4096"]
+    presets = ["--naive", "configs/text/naive.yaml", "--optimized", "configs/text/optimized.yaml"]
+    result = run_cli(
+        "ladder",
+        *presets,
+        *("--out", str(out / "ladder"), "--trials", "2", "--seconds", "0.1"),
+        *set_args(sets),
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "ladder" / "ladder.json").read_text())
+    shipped = yaml.safe_load((ROOT / "configs/ladder/text.yaml").read_text())
+    assert report["unit"] == "real tokens/s" and report["ladder"].endswith("configs/ladder/text.yaml")
+    assert [row["name"] for row in report["rungs"]] == [rung["name"] for rung in shipped["rungs"]]
+    assert all(row["examples_per_sec"]["median"] > 0 for row in report["rungs"])
+    assert (
+        "bucket(" in report["rungs"][3]["pipeline"]
+        and "| # | rung | real tokens/s" in (out / "ladder" / "ladder.md").read_text()
+    )
