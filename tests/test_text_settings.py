@@ -11,15 +11,20 @@ from tests.conftest import ROOT
 from train import config, models
 from train.core.errors import UserError
 from train.text import model as text_model  # noqa: F401 (registers the text models)
-from train.text import settings
 
 PRESETS = sorted((ROOT / "configs/text").glob("*.yaml"))
 
 
+def load(path, overrides=()):
+    """The text section and the whole config of a preset, by the main loader."""
+    cfg = config.load(path, list(overrides))
+    return cfg.text, cfg
+
+
 @pytest.mark.parametrize("preset", ["naive", "optimized"])
 def test_the_text_presets_load(preset):
-    text, values = settings.load(ROOT / f"configs/text/{preset}.yaml")
-    assert values["task"] == "text" and values["name"] == f"text_{preset}"
+    text, cfg = load(ROOT / f"configs/text/{preset}.yaml")
+    assert cfg.task == "text" and cfg.name == f"text_{preset}"
     assert text.data.source == "synthetic" and text.data.max_length == 512
     if preset == "naive":
         assert (text.pipeline.reader, text.pipeline.batching, text.pipeline.prefetch) == ("python", "pad_max", 0)
@@ -29,20 +34,20 @@ def test_the_text_presets_load(preset):
 
 def test_overrides_and_mistakes_are_checked_like_the_main_config():
     path = ROOT / "configs/text/optimized.yaml"
-    text, _ = settings.load(path, ["text.pipeline.token_budget=4096", "text.data.source=csv:x.csv"])
+    text, _ = load(path, ["text.pipeline.token_budget=4096", "text.data.source=csv:x.csv"])
     assert text.pipeline.token_budget == 4096 and text.data.source == "csv:x.csv"
     with pytest.raises(
         UserError, match=r"unknown key 'text\.pipeline\.bucket_lenghts'\. Did you mean 'bucket_lengths'"
     ):
-        settings.load(path, ["text.pipeline.bucket_lenghts=[64]"])
+        load(path, ["text.pipeline.bucket_lenghts=[64]"])
     with pytest.raises(UserError, match=r"'text\.pipeline\.batching' must be 'pad_max' or 'pad_batch' or 'bucket'"):
-        settings.load(path, ["text.pipeline.batching=sorted"])
+        load(path, ["text.pipeline.batching=sorted"])
     with pytest.raises(UserError, match=r"'text\.pipeline\.token_budget' is 256 but must be >= data\.max_length"):
-        settings.load(path, ["text.pipeline.token_budget=256"])
+        load(path, ["text.pipeline.token_budget=256"])
     with pytest.raises(UserError, match=r"'text\.pipeline\.bucket_lengths' is \[64, 600\]"):
-        settings.load(path, ["text.pipeline.bucket_lengths=[64, 600]"])
+        load(path, ["text.pipeline.bucket_lengths=[64, 600]"])
     with pytest.raises(UserError, match=r"'text\.pipeline\.batching' is 'pack' but must be .* unless pipeline\.reader"):
-        settings.load(ROOT / "configs/text/naive.yaml", ["text.pipeline.batching=pack"])
+        load(ROOT / "configs/text/naive.yaml", ["text.pipeline.batching=pack"])
 
 
 def wired_config():

@@ -33,10 +33,9 @@ def tiny_text_spec(tmp_path_factory):
 
 def preset_knobs(preset: str, **changes):
     """The text pipeline knobs of configs/text/<preset>.yaml, changed by `changes`."""
-    from train.text import settings
+    from train import config
 
-    text, _ = settings.load(ROOT / f"configs/text/{preset}.yaml")
-    return dataclasses.replace(text.pipeline, **changes)
+    return dataclasses.replace(config.load(ROOT / f"configs/text/{preset}.yaml").text.pipeline, **changes)
 
 
 def build(spec, knobs, *, training: bool, **options):

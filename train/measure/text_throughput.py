@@ -13,6 +13,7 @@ compile, as train/text/measure.py counted them.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -22,7 +23,6 @@ from pathlib import Path
 
 import keras
 import tensorflow as tf
-from absl import logging as absl_logging
 
 from train.core import files
 from train.text import figures
@@ -66,12 +66,13 @@ class TokenCounter:
 
         options = tf.data.Options()
         options.experimental_optimization.inject_prefetch = False  # no buffer between the count and the step
-        verbosity = absl_logging.get_verbosity()
-        absl_logging.set_verbosity(absl_logging.ERROR)  # "Changing the value of option inject_prefetch": meant
+        absl = logging.getLogger("absl")  # TensorFlow's warnings go through absl to this logger
+        level = absl.level
+        absl.setLevel(logging.ERROR)  # "Changing the value of option inject_prefetch": meant
         try:
             return dataset.map(count).with_options(options)
         finally:
-            absl_logging.set_verbosity(verbosity)
+            absl.setLevel(level)
 
     def read(self) -> tuple[list[float], tuple[int, int]]:
         return [float(v) for v in self.totals.numpy()], tuple(int(v) for v in self.shape.numpy())

@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from step_doctor.machine import cpu_bf16, cpu_model
-from train import models
+from train import config, models
 from train.benchmarks import stats
 from train.core import files
 from train.text import build, figures, pipeline, settings
@@ -44,7 +44,7 @@ PREROLL_S = 0.3
 
 
 def presets(overrides: list[str]) -> dict[str, settings.TextConfig]:
-    return {name: settings.load(ROOT / f"configs/text/{name}.yaml", overrides)[0] for name in ("naive", "optimized")}
+    return {name: config.load(ROOT / f"configs/text/{name}.yaml", overrides).text for name in ("naive", "optimized")}
 
 
 def make_model(spec, knobs, policy: str = "float32", jit: bool = False, total_steps: int | None = None):

@@ -1,19 +1,15 @@
 """The typed knobs of the text task: where the text comes from and how it is built (TextDataConfig), and
 every knob of the one text pipeline builder (TextPipelineConfig). Presets: configs/text/*.yaml.
 
-They are meant to sit under a `text:` section of the run's config (`task: text`), read by
-train/config.py's loader like every other section: unknown keys and wrong types are errors before
-anything runs. Until the main config has that section, `load` reads the `text:` section of a preset
-with the same loader.
+They sit under the `text:` section of the run's config (`task: text`), read by train/config.py's
+loader like every other section: unknown keys and wrong types are errors before anything runs, and
+`check` (called by the loader) finds the range and consistency problems.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal, Union
-
-from train.core.errors import UserError
 
 Auto = Literal["auto"]
 
@@ -133,31 +129,3 @@ def check(text: TextConfig, need, prefix: str = "text") -> None:
         p.batching,
         "'pad_max', 'pad_batch' or 'bucket' unless pipeline.reader is 'tfrecord'",
     )
-
-
-def from_dict(values: dict, source: str, where: str = "text") -> TextConfig:
-    """A checked TextConfig from the mapping under `text:`, with the main config's loader and messages."""
-    from train import config
-
-    cfg = config._build(TextConfig, values or {}, where, source)
-    problems = config._Problems()
-    check(cfg, problems.need, where)
-    if problems:
-        raise UserError(f"{source}: " + "; ".join(problems) + ". Fix the value(s) and run again.")
-    return cfg
-
-
-def load(path: str | Path, overrides: list[str] = ()) -> tuple[TextConfig, dict]:
-    """The `text:` section of a preset (following `extends:`) with `--set text.KEY=VALUE` overrides, and
-    the whole merged preset (its model and train sections, for the run that wires it in)."""
-    from train import config
-
-    values = config._read_yaml(Path(path))
-    for text in overrides:
-        keys, value = config.parse_override(text)
-        node = values
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-        node[keys[-1]] = value
-    source = str(path) + (" (with --set " + " ".join(overrides) + ")" if overrides else "")
-    return from_dict(values.get("text", {}), source), values
