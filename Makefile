@@ -112,7 +112,7 @@ test: setup ## Run the test suite CI runs: fast and slow tests of the template a
 test-fast: setup ## Run the tests not marked slow or long (under 90 seconds), for the edit-test loop
 	$(call TEST_BOTH,not slow and not long)
 
-test-long: setup ## Run the tests marked long: the benchmark harness end to end, the whole profile corpus (15 minutes)
+test-long: setup ## Run the tests marked long: the benchmark harness end to end, the whole profile corpus, the longest reliability tests (25 minutes)
 	$(call TEST_BOTH,long)
 
 test-doctor-alone: setup ## Install the doctor alone beside tensorflow-cpu in a fresh virtualenv and profile a Keras script there (2 minutes)

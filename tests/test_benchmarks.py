@@ -167,7 +167,7 @@ def test_ladder_file_is_validated(tmp_path):
         ladder.load_ladder(bad)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_sweep_finds_the_largest_batch_that_fits(tiny_data_dir, tmp_path):
     out = tmp_path / "sweep"
     result = run_cli(

@@ -200,7 +200,7 @@ def test_mixed_precision_stopped_mid_epoch_resumes_to_the_weights_of_an_uninterr
     assert resumed["weights_sha256"] == straight["weights_sha256"]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_xla_stopped_mid_epoch_resumes_from_the_saved_step(tiny_sets, monkeypatch):
     """XLA cannot run under op determinism in Keras: the resumed run is checked to continue from the
     saved step, with the saved optimizer and loss-scale state, instead of bitwise equality."""

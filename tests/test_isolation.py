@@ -134,3 +134,58 @@ def test_no_trial_follows_a_trial_of_the_same_process_and_every_variant_takes_ev
     sequence = [view for order in rounds for view in order]
     assert all(isolated.worker_of(a) is not isolated.worker_of(b) for a, b in zip(sequence, sequence[1:]))
     assert {order[0].name for order in rounds} >= {"naive", "ceiling"}  # the order still rotates
+
+
+class RecordingWorker:
+    """A worker that records its commands: what interleaved asks of each process, and in which order."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def call(self, command, **arguments):
+        self.log.append((self, command))
+        return {"rate": 1.0} if command == "trial" else {"warmup_seconds": 0.0}
+
+
+def test_every_process_renews_its_pipeline_before_anything_is_recorded():
+    """A long-running base and a fresh candidate of one config read x1.04 apart in the larger-than-memory
+    scenario (bench-check): every comparison now starts both pipelines afresh, so they are of one age."""
+    log = []
+    base, candidate = Named("base", RecordingWorker(log)), Named("candidate", RecordingWorker(log))
+    views = [isolated.View(n, v) for n, v in (("b", base), ("c", candidate), ("b2", base), ("c2", candidate))]
+    isolated.interleaved(views, 2, 0.1, log=lambda line: None)
+    first = log[:4]
+    assert first == [
+        (base.worker, "renew"),
+        (candidate.worker, "renew"),
+        (base.worker, "trial"),
+        (candidate.worker, "trial"),
+    ]  # each renewed once, then one unrecorded trial each
+    assert [command for _, command in log[4:]] == ["trial"] * 8
+    assert all(len(view.samples) == 2 for view in views)
+
+
+def test_a_renewed_variant_runs_a_fresh_iterator_warmed_up_as_a_new_one(monkeypatch):
+    from train.benchmarks import trials
+
+    monkeypatch.setattr(trials, "SETTLE_WINDOW_S", 0.01)
+    made = []
+
+    def make_iterator():
+        made.append(iter(range(10**6)))
+        return made[-1]
+
+    class Model:
+        def train_function(self, iterator):
+            return {"loss": float(next(iterator))}
+
+    variant = trials.Variant("v", None, None, Model(), make_iterator(), 4, "test", make_iterator=make_iterator)
+    variant.min_warmup_seconds = 0.0
+    old = variant.iterator
+    variant.run(5)
+    variant.renew()
+    assert variant.iterator is made[-1] and variant.iterator is not old and len(made) == 2
+    assert next(variant.iterator) >= 3  # the warm-up ran the fresh iterator (at least 3 executions)
+    assert variant.warmup_seconds > 0
+    still = trials.Variant("ceiling", None, None, Model(), iter(range(10)), 4, "no factory")
+    assert still.renew() == 0.0 and next(still.iterator) == 0  # nothing to renew: left as it was

@@ -407,7 +407,7 @@ def damaged_copy(tiny_data_dir: Path, tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_preempting_one_worker_at_three_steps_stops_all_and_resumes_to_the_uninterrupted_weights(
     tiny_data_dir, tmp_path, processes

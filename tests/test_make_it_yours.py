@@ -89,10 +89,19 @@ def test_make_it_yours_walkthrough_trains_and_reports_and_the_fast_tests_still_p
     named = "from train import config; c = config.load('configs/optimized.yaml'); print(c.model.name, c.model.params)"
     loaded = subprocess.run([sys.executable, "-c", named], cwd=fork, env=env, capture_output=True, text=True)
     assert loaded.stdout.startswith("my_cnn {"), loaded.stdout + loaded.stderr[-2000:]
-    # The template's fast tests in the fork: they train on the built-in data and the tiny model, whatever
-    # configs/base.yaml now says.
+    # The fast tests that build the tiny dataset and train, in the fork: they train on the built-in data and the
+    # tiny model, whatever configs/base.yaml now says (all of them in the fork: the long test below).
+    _fast_tests_pass(fork, env, FIXTURE_TESTS)
+
+
+# The modules whose fixtures build the tiny dataset from the configs and train on it: what a fork's edits to
+# configs/base.yaml and train/models.py could break.
+FIXTURE_TESTS = ["tests/test_fit.py", "tests/test_pipeline.py", "tests/test_config.py"]
+
+
+def _fast_tests_pass(fork: Path, env: dict, paths: list[str]) -> None:
     tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow and not long", "tests"],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow and not long", *paths],
         cwd=fork,
         env=env,
         capture_output=True,
@@ -100,3 +109,10 @@ def test_make_it_yours_walkthrough_trains_and_reports_and_the_fast_tests_still_p
         timeout=900,
     )
     assert tests.returncode == 0, tests.stdout[-4000:]
+
+
+@pytest.mark.long
+def test_every_fast_test_passes_in_a_fork_that_made_it_its_own(tmp_path):
+    fork = _fork(tmp_path)
+    follow_make_it_yours(fork, make_image_folder(tmp_path / "my_images", per_class=110))
+    _fast_tests_pass(fork, child_env(fork), ["tests"])

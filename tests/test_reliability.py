@@ -74,7 +74,9 @@ def final_weights(run_dir: Path) -> list[np.ndarray]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "mid_epoch", [pytest.param(False, marks=pytest.mark.long), True], ids=["at-epoch-end", "mid-epoch"]
+    "mid_epoch",
+    [pytest.param(False, marks=pytest.mark.long), pytest.param(True, marks=pytest.mark.long)],
+    ids=["at-epoch-end", "mid-epoch"],
 )
 def test_kill_9_then_rerun_resumes_and_ends_where_an_uninterrupted_run_ends(tiny_data_dir, tmp_path, mid_epoch):
     runs = tmp_path / "runs"

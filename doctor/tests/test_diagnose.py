@@ -14,9 +14,10 @@ import tensorflow as tf
 
 from step_doctor import diagnose
 from step_doctor.callbacks import StepTraceProfiler
-from step_doctor.diagnose import command, report, stages, verdict
+from step_doctor.diagnose import command, input_causes, report, stages, structural, verdict
 from step_doctor.diagnose.device import DeviceView
 from step_doctor.diagnose.recommend import recommendations
+from step_doctor.diagnose.recommendation import Causes
 from step_doctor.errors import UserError
 from tests.conftest import run_cli
 
@@ -365,3 +366,104 @@ def test_the_wait_on_a_strategys_hand_off_generator_goes_to_the_pipeline_that_fe
     # a generator whose own Python explains its wait is the cause itself
     busy = _stage("Iterator::Root::Prefetch::Generator", "Generator", blocking_ms=28.6, fn_ms=25.0)
     assert stages.units([busy, *theirs])[0].head is busy
+
+
+@pytest.mark.parametrize(
+    "shapes, types, ids",
+    [
+        ("[512] []", "int32 int32", "[512] int32"),  # a generator's padded token ids and a label
+        ("[?] []", "int64 float", "[?] int64"),  # a tokenizing map's ids, unpadded, and a float label
+        ("[32,?] [32]", "int32 int32", "[32,?] int32"),  # batched (a map-and-batch)
+        ("[?,128] [?,128] [?]", "int32 int32 int64", "[?,128] int32"),  # ids and a mask
+        ("[64,64,3] []", "uint8 int64", None),  # an image
+        ("[10] []", "int64 int64", None),  # a few integer features: not a sequence
+        ("[512] [512]", "int32 float", None),  # a float vector as long as the ids: cannot tell
+        ("[?] [?]", "int32 int32", "[?] int32"),  # ids and a mask, no label (a language model's input)
+        ("[?,?] [?]", "int32 float", "[?,?] int32"),  # a padded batch and its labels
+        ("<unknown> []", "int32 int32", None),  # shapes not recorded
+        ("", "", None),
+    ],
+)
+def test_token_ids_are_read_from_the_element_shapes_only_where_they_can_only_be_that(shapes, types, ids):
+    stage = {"params": {"shapes": shapes, "types": types} if shapes else {}}
+    assert stages.token_ids(stage) == ids
+
+
+def _padded_wait(batch_shapes: str, fed_shapes: str, path: str = "Iterator::Root::Prefetch::PaddedBatchV2") -> dict:
+    def stage(at, kind, shapes, **params):
+        return {"path": at, "kind": kind, "ops": [], "params": {"shapes": shapes, "types": "int32 int32", **params}}
+
+    padded = stage(path, "PaddedBatchV2", batch_shapes, batch_size="32")
+    fed = stage(path + "::FlatMap", "FlatMap", fed_shapes)
+    return {"measured": True, "step_ms": 10.0, "input_ms": 1.0, "compute_ms": 6.0, "stages": [padded, fed]}
+
+
+def test_a_padded_batch_is_a_structural_fix_only_where_it_pads_without_buckets():
+    """To a fixed length or to each batch's longest: listed; under bucket_by_sequence_length (GroupByWindow), or fed
+    elements of one shape (nothing to pad): not. A recorded padding share prices it on the model's compute."""
+    (fixed,) = structural.unbucketed_padding(_padded_wait("[32,512] [32]", "[?] []"), None)
+    assert "to a fixed length (512)" in fixed.evidence and "padding share unknown" in fixed.evidence
+    assert fixed.removes_ms == 0.0 and "bucket_by_sequence_length" in fixed.fix
+    (longest,) = structural.unbucketed_padding(_padded_wait("[32,?] [32]", "[?] []"), 0.5)
+    assert "longest sequence of each batch" in longest.evidence and "padding share of 50%" in longest.evidence
+    assert longest.removes_ms == pytest.approx(3.0) and "compile the step again" in longest.evidence
+    bucketed = "Iterator::Root::Prefetch::GroupByWindow::PaddedBatchV2"
+    assert not structural.unbucketed_padding(_padded_wait("[32,64] [32]", "[?] []", path=bucketed), None)
+    assert not structural.unbucketed_padding(_padded_wait("[32,128] [32]", "[128] []"), None)
+    assert structural.padding_share({"text": {"padding_share": 0.25}}) == 0.25
+    assert structural.padding_share({"padding_share": 25}) is None and structural.padding_share({}) is None
+
+
+def _tree_stage(path, kind, functions=None, **params):
+    return {
+        "path": path,
+        "kind": kind,
+        "ops": [f"{kind}Dataset:1"],
+        "user_ops": [],
+        "injected": False,
+        "params": params,
+        "async": kind == "Prefetch",
+        "pass_through": kind in ("Root", "Prefetch"),
+        "threads": 1,
+        "instances": 1,
+        "busy_ms": 0.0,
+        "blocking_ms": 2.0 if kind == "Generator" else 0.0,
+        "fill_ms": 0.0,
+        "functions": functions,
+    }
+
+
+def test_python_tokenization_in_a_run_that_does_not_wait_for_it_is_a_latent_note():
+    """A slow model in front of a Python tokenizer (the template's naive text run on a CPU): the generator costs
+    little here, and would hold the step where the model is faster: a latent note that names it."""
+    python = {"calls_per_step": 32, "work_ms": 10.0, "wall_ms": 9.0, "concurrency": 1.1, "threads": 2}
+    python.update({"ops_ms": {"python": 8.0}, "top_ops": [["PyFunc", 8.0]]})
+    root = "Iterator::Root::Prefetch::BatchV2"
+    tree = [
+        _tree_stage("Iterator::Root", "Root"),
+        _tree_stage("Iterator::Root::Prefetch", "Prefetch"),
+        _tree_stage(root, "BatchV2", batch_size="32", shapes="[?,?] [?]", types="int32 int32"),
+        _tree_stage(root + "::FlatMap", "FlatMap", shapes="[?] []", types="int32 int32"),
+        _tree_stage(root + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32"),
+    ]
+    wait = {"measured": True, "step_ms": 200.0, "input_ms": 2.0, "cpu_budget": 2, "stages": tree}
+    (note,) = structural.latent_fixes(wait, cpu_only=True, listed=[])
+    assert note.cause == "python-tokenization" and note.kind == "latent" and note.stage.endswith("Generator")
+    assert "[?] int32: token ids" in note.evidence and "tokenized once" in note.if_faster
+    image = [{**s, "params": {**s["params"], "shapes": "[64,64,3] []", "types": "uint8 int64"}} for s in tree]
+    assert not structural.latent_fixes({**wait, "stages": image}, cpu_only=True, listed=[])
+
+
+def test_a_shuffle_buffer_filled_from_python_tokenization_says_to_tokenize_once():
+    python = {"calls_per_step": 100, "work_ms": 38.0, "wall_ms": 35.0, "concurrency": 1.1, "threads": 2}
+    python.update({"ops_ms": {"python": 31.0}, "top_ops": [["PyFunc", 31.0]]})
+    at = "Iterator::Root::PaddedBatchV2::Shuffle"
+    shuffle = _tree_stage(at, "Shuffle", buffer_size="1000", shapes="[?] []", types="int32 int32")
+    shuffle.update({"fill_ms": 36.0, "fills": 1, "pulled_per_fill": 1000, "element_mb": None})
+    tokens = _tree_stage(at + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32")
+    wait = {"measured": True, "step_ms": 320.0, "input_ms": 44.0, "cpu_budget": 2, "stages": [shuffle, tokens]}
+    causes = Causes(320.0)
+    input_causes.input_causes(wait, cpu_only=True, causes=causes)
+    (refill,) = [r for r in causes.found if r.cause == "shuffle-buffer-refill"]
+    assert "from Python tokenization" in refill.title and "[?] int32: token ids" in refill.evidence
+    assert "TextVectorization" in refill.fix and refill.removes_ms == 36.0

@@ -478,7 +478,7 @@ def test_analyze_run_reads_the_newest_sub_run_not_the_first_by_name(profiles, tm
     assert analysis.analyze_run(tmp_path / "run")["session"] == str(own)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_gpu_shaped_profiles_of_hundreds_of_mb_are_read_in_memory_that_grows_sub_linearly(tmp_path):
     """Five times the device planes, less than twice the memory (xprof's conversion needs about 20x the size)."""
     base = diagnose_scale.capture(120, tmp_path / "capture")

@@ -29,7 +29,7 @@ LOOP_PLANTED = {  # the custom-loop scripts and the user's own TensorBoard callb
 ALL_PLANTED = {**PLANTED, **LOOP_PLANTED}
 # `make test` runs a Keras fit script and the two custom loops through the CLI (the in-process corpus covers every
 # planted cause in the fast tests, and the own-TensorBoard case has its own test below); `make test-long`, all.
-MAKE_TEST = {"numpy_function_map", "tape_loop_sequential_map", "mirrored_loop_generator"}
+MAKE_TEST = {"numpy_function_map", "mirrored_loop_generator"}
 
 
 @pytest.fixture(scope="module")

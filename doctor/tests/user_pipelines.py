@@ -30,7 +30,7 @@ START, STEPS = 3, 10  # profile steps START .. START + STEPS + 1 (the callback t
 
 
 def make_files(root: Path) -> dict:
-    """JPEG files, GZIP TFRecord shards and in-memory arrays, as a user's data would be."""
+    """JPEG files, GZIP TFRecord shards, in-memory arrays and raw text lines, as a user's data would be."""
     rng = np.random.default_rng(0)
     jpeg_dir = root / "jpeg"
     jpeg_dir.mkdir(parents=True, exist_ok=True)
@@ -64,6 +64,7 @@ def make_files(root: Path) -> dict:
         shards.append(path)
     images = rng.integers(0, 255, (2048, SIZE, SIZE, 3), dtype=np.uint8)
     return {
+        "texts": xla_pipelines.write_texts(root),
         "jpegs": paths,
         "labels": labels,
         "shards": shards,
@@ -666,7 +667,8 @@ def load_files(root: Path) -> dict:
     labels = [i % CLASSES for i in range(len(jpegs))]
     matched_widths = json.loads((root / "matched.json").read_text())
     arrays = {name: arrays[name] for name in arrays.files}
-    return {"jpegs": jpegs, "labels": labels, "shards": shards, "matched": matched_widths, **arrays}
+    texts = xla_pipelines.write_texts(root)
+    return {"jpegs": jpegs, "labels": labels, "shards": shards, "matched": matched_widths, "texts": texts, **arrays}
 
 
 def run_script(case: str, root: Path, steps: int | None = None, times: str | None = None) -> None:

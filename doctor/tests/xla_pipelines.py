@@ -9,12 +9,24 @@ compiled with XLA (`jit_compile=True`, Keras's default where a GPU is present) o
   must read as the steady state, not as overhead.
 - padded: `padded_batch` to the longest sequence of each batch, a new shape nearly every batch;
   prefetched. Under XLA every such batch compiles the step again: the planted cause (recompilation).
+  Without XLA its padded_batch with no bucketing is listed as a structural fix (unbucketed-padding).
 
-The files of the image corpus (user_pipelines.make_files) are not read: the sequences are made
-here, the same on every call. user_pipelines.py adds these cases to its own.
+And the naive text pipeline as users write it (text_python_tokenization): raw text lines read by a Python
+generator that tokenizes each (a regular expression, a dict lookup per word) and pads it to the maximum
+length, batches of 32, no prefetch, into a small classifier: the planted cause is Python tokenization. The
+same tokenizing inside a map (text_numpy_function_tokenization: tf.numpy_function over lines tf.data reads,
+padded_batch to the longest, batches of 64): Python tokenization too, and its padding listed after it.
+
+The sequences are made here, the same on every call; the raw text lines are written beside the image
+corpus's files by write_texts (user_pipelines.make_files calls it). user_pipelines.py adds these cases
+to its own.
 """
 
 from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -66,6 +78,85 @@ def padded() -> tf.data.Dataset:
     return sequences().padded_batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
+TEXTS, WORDS, MAX_LENGTH = 2048, 5000, 512
+
+
+def write_texts(root: Path) -> Path:
+    """Raw text lines 'label<TAB>text' of pseudo-words from a Zipf vocabulary, log-normal lengths (median 128 words,
+    cut at MAX_LENGTH); the label: whether the text holds more of the commonest words than the median text does."""
+    path = root / "text" / "lines.txt"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    words = [f"w{i}{'abcdefgh'[i % 8]}" for i in range(WORDS)]
+    weights = 1 / np.arange(1, WORDS + 1) ** 1.1
+    lengths = np.clip(rng.lognormal(np.log(128), 0.7, TEXTS), 4, MAX_LENGTH).astype(int)
+    texts = np.split(rng.choice(WORDS, lengths.sum(), p=weights / weights.sum()), np.cumsum(lengths)[:-1])
+    common = np.array([(tokens < 20).mean() for tokens in texts])
+    labels = (common > np.median(common)).astype(int)
+    lines = [f"{label}\t{' '.join(words[t] for t in tokens).capitalize()}.\n" for label, tokens in zip(labels, texts)]
+    path.write_text("".join(lines))
+    return path
+
+
+def _vocabulary(path: Path) -> dict:
+    """Word -> id for the VOCAB - 2 commonest words of the texts, counted in Python (0 pads, 1 is unknown)."""
+    counts = Counter(w for line in open(path) for w in re.findall(r"\w+", line.split("\t", 1)[1].lower()))
+    return {word: i + 2 for i, (word, _) in enumerate(counts.most_common(VOCAB - 2))}
+
+
+def text_python_tokenization(files):
+    """The naive text pipeline: a Python generator reads the raw lines, tokenizes each in Python (lower case, a
+    regular expression, a dict lookup per word), pads to the maximum length; batches of 32, no prefetch."""
+    path = files["texts"]
+    vocabulary = _vocabulary(path)
+
+    def examples():
+        while True:
+            with open(path) as lines:
+                for line in lines:
+                    label, text = line.rstrip("\n").split("\t", 1)
+                    ids = [vocabulary.get(word, 1) for word in re.findall(r"\w+", text.lower())][:MAX_LENGTH]
+                    yield np.array(ids + [0] * (MAX_LENGTH - len(ids))), int(label)
+
+    signature = (tf.TensorSpec((MAX_LENGTH,), tf.int64), tf.TensorSpec((), tf.int64))
+    ds = tf.data.Dataset.from_generator(examples, output_signature=signature).batch(BATCH)
+    return ds, tokens_classifier(), {"steps_per_epoch": 20}
+
+
+def text_numpy_function_tokenization(files):
+    """Raw lines read by tf.data, tokenized in Python inside a map (tf.numpy_function, no num_parallel_calls),
+    padded_batch of 64 to the longest of each batch (no bucketing), no prefetch."""
+    vocabulary = _vocabulary(files["texts"])
+
+    def tokenize(line: bytes):
+        text = re.sub(r"[^\w\s]", " ", line.decode().split("\t", 1)[1].lower())  # lower case, no punctuation
+        return np.array([vocabulary.get(word, 1) for word in text.split()][:MAX_LENGTH])
+
+    def parse(line):
+        ids = tf.numpy_function(tokenize, [line], tf.int64)
+        ids.set_shape([None])
+        return ids, tf.strings.to_number(tf.strings.substr(line, 0, 1), tf.int64)
+
+    ds = tf.data.TextLineDataset(str(files["texts"])).repeat().map(parse).padded_batch(2 * BATCH)
+    return ds, tokens_classifier(length=None), {"steps_per_epoch": 20}
+
+
+def tokens_classifier(length: int | None = MAX_LENGTH):
+    """A small text classifier: token embeddings averaged, one logit."""
+    model = keras.Sequential(
+        [
+            keras.Input((length,), dtype="int64"),
+            keras.layers.Embedding(VOCAB, 16),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile("sgd", keras.losses.BinaryCrossentropy(from_logits=True))
+    return model
+
+
 def text_bucketed_xla(files):
     """Bucketed to four fixed shapes, the step compiled with XLA: four compiles, then the steady state."""
     return bucketed(), classifier(jit_compile=True), {"steps_per_epoch": 20}
@@ -99,4 +190,6 @@ CASES = {
     "text_bucketed_xla_large_batch": text_bucketed_xla_large_batch,
     "text_bucketed": text_bucketed,
     "text_padded": text_padded,
+    "text_python_tokenization": text_python_tokenization,
+    "text_numpy_function_tokenization": text_numpy_function_tokenization,
 }

@@ -3,7 +3,9 @@
 - **A/A**: the same config measured as two variants (two processes) must read 1.00 within
   +-3 % (median of the per-round ratios), in each pairing the benchmarks use: bench's (two
   fresh variants in the same rounds), the ladder's (a long-running base against a fresh
-  candidate) and tune's (TrialMeasure.compare, its trial lengths). Each pairing measures both
+  candidate) and tune's (TrialMeasure.compare, its trial lengths). Every pairing renews each
+  process's pipeline before its rounds (isolated.interleaved): a long-running base's pipeline
+  is then as young as a fresh candidate's. Each pairing measures both
   twice a round, alternating; the first variant's two trials give the noise of that moment
   (`within_noise`: the A/A median lies within max(3 %, that noise)).
 - **order**: a rung's gain measured with it as the fresh candidate against the long-running

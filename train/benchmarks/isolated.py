@@ -201,6 +201,10 @@ class IsolatedVariant:
         self.samples.append(rate)
         return rate
 
+    def renew(self) -> float:
+        """A fresh pipeline (iterator) in the same process, warmed up as `prepare` warms one: trials.Variant.renew."""
+        return self.worker.call("renew")["warmup_seconds"]
+
     def profile(self, logdir: Path, num_steps: int = 8) -> dict | None:
         return self.worker.call("profile", logdir=str(logdir), num_steps=num_steps)["profile"]
 
@@ -276,15 +280,21 @@ def interleaved(
     """Measure every variant `trials` times in `schedule`'s order; each round's ratios are paired
     (stats.paired). A variant measured twice a round (an A/A view) is never measured twice in a row.
 
-    First one unrecorded trial of each process: a variant that stayed stopped while another was
-    prepared (10-30 s) resumes with autotuning statistics that count that pause (tf.data times its
-    stages by the wall clock); one trial lets them settle before anything is recorded.
+    First every process renews its pipeline, one after the other (a fresh iterator, warmed up as a
+    new variant is): the variants compared then have pipelines of the same age, whichever process
+    ran longer before. A long-running base and a fresh candidate of one config read x1.04 apart
+    (larger-than-memory bench-check), and what differs with a pipeline's age is its state, not its
+    config: tf.data's prefetch autotuning only ever grows its buffer (1, 2, 4, then 8 batches over
+    a larger-than-memory variant's first minute of trials; AA-NOTES.md). Then one unrecorded trial
+    of each process: a variant that stayed stopped while the others renewed resumes with autotuning
+    statistics that count that pause (tf.data times its stages by the wall clock); one trial lets
+    them settle.
     """
-    settled = []
-    for variant in variants:
-        if worker_of(variant) not in settled:
-            settled.append(worker_of(variant))
-            worker_of(variant).call("trial", seconds=seconds, min_calls=min_calls)
+    processes = list(dict.fromkeys(worker_of(variant) for variant in variants))
+    for process in processes:
+        process.call("renew")
+    for process in processes:
+        process.call("trial", seconds=seconds, min_calls=min_calls)
     for round_index, order in enumerate(schedule(variants, trials)):
         rates = {v.name: v.trial(seconds, min_calls) for v in order}
         log(f"  trial {round_index + 1}/{trials}: " + ", ".join(f"{n} {r:,.0f}/s" for n, r in rates.items()))

@@ -46,6 +46,9 @@ class Variant:
     samples: list[float] = dataclasses.field(default_factory=list)
     warmup_seconds: float = 0.0
     epoch_calls: int = 0  # executions per epoch of the training split (0: not known)
+    make_iterator: Callable[[], object] | None = None  # a fresh iterator over the same pipeline (renew)
+    fills_cache: bool = False  # the pipeline caches: its first epoch fills (or opens) the cache
+    min_warmup_seconds: float = 2.0
     # text: the dataset's last map counts the real tokens the steps consume (measure/text_throughput.py), and a
     # trial's rate is real tokens/s: a text batch holds 32 to hundreds of texts, padded little or much
     counter: object = None
@@ -126,6 +129,19 @@ class Variant:
     def stats(self) -> dict:
         return stats.summarize(self.samples)
 
+    def renew(self) -> float:
+        """Drop the pipeline's iterator and warm up a fresh one (the compiled model is kept); returns the
+        warm-up's seconds. A pipeline's state grows with its life, not with its config: tf.data's prefetch
+        autotuning only ever doubles its buffer (measured: 1, 2, 4, then 8 batches over a larger-than-memory
+        variant's first minute of trials), and process memory grows with it. Renewing every variant of a
+        comparison at its start gives them pipelines of the same age: bench-check's A/A."""
+        if self.make_iterator is None:
+            return 0.0
+        self.iterator = None  # its buffers (and any tf.data service job) go before the new one starts
+        self.iterator = self.make_iterator()
+        self.warmup_seconds = warm_up(self)
+        return self.warmup_seconds
+
 
 def training_pipeline(made: setup.Plan, spec: DatasetSpec):
     """The training split's pipeline of a planned config, batched at its global batch."""
@@ -169,6 +185,17 @@ def settle(variant: Variant, deadline: float) -> None:
         if rate <= best * (1 + SETTLE_GAIN):
             return
         best = max(best, rate)
+
+
+def warm_up(variant: Variant) -> float:
+    """A fresh iterator's warm-up: a full epoch when the pipeline caches (the cache fills there), at least
+    `min_warmup_seconds`, then until it stops getting faster (`settle`). Returns its seconds."""
+    started = time.perf_counter()
+    variant.run(variant.epoch_calls + 1 if variant.fills_cache else 3)
+    while time.perf_counter() - started < variant.min_warmup_seconds:
+        variant.run(1)
+    settle(variant, started + SETTLE_MAX_S)
+    return time.perf_counter() - started
 
 
 def prepare(
@@ -220,13 +247,17 @@ def prepare(
     if replicas > 1:
         dataset = strategy.experimental_distribute_dataset(dataset)
         description += f" over {replicas} replicas"
+
+    def make_iterator():
+        return iter(dataset)  # a new iterator starts the whole pipeline afresh: buffers, autotuning, caches opened
+
     model = setup.build_model(cfg, spec, choices, strategy)
     with strategy.scope():
         # `fit` builds the optimizer's variables before its first step; the compiled train function,
         # called directly, would create them inside a replica's step, which a strategy does not allow.
         model.optimizer.build(model.trainable_variables)
     model.make_train_function()
-    variant = Variant(name, cfg, choices, model, iter(dataset), batch_size, description, counter=counter)
+    variant = Variant(name, cfg, choices, model, make_iterator(), batch_size, description, counter=counter)
     if text:
         epoch_calls = -(-made.steps_per_epoch // choices.steps_per_execution)
         caches = cfg.text.pipeline.cache and cfg.text.pipeline.reader == "tfrecord"
@@ -235,17 +266,14 @@ def prepare(
             -pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder) // choices.steps_per_execution
         )
         caches = knobs.cache != "none"
-    caches = caches and not ceiling  # the first epoch fills it
-    started = time.perf_counter()
     variant.epoch_calls = 0 if ceiling else epoch_calls
-    variant.run(epoch_calls + 1 if caches else 3)
-    while time.perf_counter() - started < warmup_seconds:
-        variant.run(1)
-    settle(variant, started + SETTLE_MAX_S)
-    variant.warmup_seconds = time.perf_counter() - started
+    variant.fills_cache = caches and not ceiling  # the first epoch fills it
+    variant.min_warmup_seconds = warmup_seconds
+    variant.make_iterator = make_iterator
+    variant.warmup_seconds = warm_up(variant)
     log(
         f"  ready: {name} ({description}; precision {choices.precision}, XLA {choices.jit_compile}, "
-        f"{choices.steps_per_execution} steps/execution) after {time.perf_counter() - started:.1f} s of warm-up"
+        f"{choices.steps_per_execution} steps/execution) after {variant.warmup_seconds:.1f} s of warm-up"
     )
     return variant
 

@@ -6,6 +6,7 @@ nothing here runs while another variant is measured. Commands:
 
     prepare  {config, name, ceiling, service_workers, warmup_seconds, quiet}  -> facts of the variant
     trial    {seconds, min_calls}                                         -> {"rate": examples/s}
+    renew    {}: a fresh iterator over the same pipeline, warmed up         -> {"warmup_seconds": ...}
     profile  {logdir, num_steps}                                          -> {"profile": dict | null}
     cost     {config, seconds}: the input pipeline alone, no model        -> trials.pipeline_cost(...)
     floor    {config, seconds}: decoding alone, one thread                -> floor.measure(...)
@@ -106,6 +107,9 @@ class Worker:
 
     def trial(self, seconds: float, min_calls: int):
         return {"rate": self.variant.trial(seconds, min_calls)}
+
+    def renew(self):
+        return {"warmup_seconds": self.variant.renew()}
 
     def profile(self, logdir: str, num_steps: int):
         from pathlib import Path

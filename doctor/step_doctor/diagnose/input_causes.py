@@ -201,6 +201,8 @@ def blocking_stage(b: Blame) -> None:
 
 
 def python_generator(b: Blame) -> None:
+    if python_tokenizer(b):
+        return python_tokenization(b)
     b.add(
         "python-generator",
         "Python generator (from_generator) feeds the pipeline",
@@ -215,6 +217,54 @@ def python_generator(b: Blame) -> None:
         f"Estimate: the same work spread over {b.pipeline.cores_note}; TF ops are usually faster than the Python they "
         "replace, so the real gain can be larger. The trace shows time inside Python, not whether that Python "
         "computed or waited on files." + b.counted,
+    )
+
+
+TOKENIZE_ONCE = (
+    "Tokenize once, when the dataset is built, not in every step: adapt a "
+    "`keras.layers.TextVectorization(max_tokens=..., output_mode='int')` on the training split "
+    "(`vectorize.adapt(train_texts)`), write each text's token ids, unpadded, to TFRecord shards "
+    "(`tf.train.Int64List`), and read them with "
+    "`tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)"
+    ".map(parse, num_parallel_calls=tf.data.AUTOTUNE)`, then `bucket_by_sequence_length(..., "
+    "pad_to_bucket_boundary=True)` and `.prefetch(tf.data.AUTOTUNE)`; save the adapted vocabulary with the dataset "
+    "and put the layer in front of the exported model, so it serves raw strings. At least, tokenize inside tf.data: "
+    "`tf.data.TextLineDataset(files).batch(256).map(vectorize, num_parallel_calls=tf.data.AUTOTUNE).unbatch()` "
+    "(TextVectorization runs TensorFlow string ops, which hold no GIL and run in parallel). "
+    "In this template (task: text): text.pipeline.reader: tfrecord, text.pipeline.batching: bucket."
+)
+
+
+def python_tokenizer(b: Blame) -> str | None:
+    """How the stage runs Python, where that Python makes a text model's input (token ids per element: read from the
+    element shapes and types the trace records, stages.token_ids); None where it does not, or the trace cannot tell."""
+    if not b.fn or not st.token_ids(b.head):
+        return None
+    if b.head["kind"] == "Generator":
+        return "Dataset.from_generator runs your Python one element at a time"
+    if b.head["kind"] in iw.FUNCTION_STAGES and b.shares.get("python", 0.0) >= 0.5:
+        sequential = "; written without num_parallel_calls" if st.written_sequential_map(b.head) else ""
+        return (
+            f"{b.shares['python']:.0%} of its function's op time is Python (PyFunc ops: tf.py_function / "
+            f"tf.numpy_function){sequential}"
+        )
+    return None
+
+
+def python_tokenization(b: Blame) -> None:
+    """Python that makes a text model's input, for every step: tokenized once, the stage and its wait are gone."""
+    b.add(
+        "python-tokenization",
+        "Python tokenization feeds the pipeline",
+        b.ms,
+        f"{b.text}: its elements are integer sequences ({st.token_ids(b.head)}: token ids of a text model) made in "
+        f"Python: {python_tokenizer(b)}; " + st.function_line(b.fn, b.parallelism),
+        TOKENIZE_ONCE,
+        "Estimate: the wait on this stage leaves the steps (the ids are made once and read back in a parallel map, "
+        f"which costs a little that is not counted); tokenizing in a parallel map instead spreads the work over "
+        f"{b.pipeline.cores_note}, TF ops usually faster than the Python they replace. The trace records what the "
+        "Python made (integer sequences), not how: if it only read ids tokenized before, the fix is the same, "
+        "reading them with tf.data.",
     )
 
 
@@ -263,6 +313,8 @@ def slow_stage(b: Blame) -> None:
 
 
 def python_in_map(b: Blame) -> None:
+    if python_tokenizer(b):
+        return python_tokenization(b)
     b.add(
         "python-in-map",
         "Python inside a map (tf.py_function / tf.numpy_function)",
@@ -390,6 +442,9 @@ def shuffle_buffer_refill(s: dict, p: Pipeline) -> None:
         buffer = s["params"].get("buffer_size")
         total = f", about {s['element_mb'] * float(buffer):.0f} MB in all" if str(buffer).isdigit() else ""
         size = f"; each buffered element takes {s['element_mb']:.2f} MB{total}"
+    tokenizer = next((o for o in below if python_tokenizer(Blame(st.Unit(o, [o], o["blocking_ms"]), p))), None)
+    if tokenizer is not None:
+        return _shuffle_of_python_tokens(s, p, tokenizer, work, size)
     p.causes.add(
         "shuffle-buffer-refill",
         "A shuffle buffer of expensive elements is refilled",
@@ -412,6 +467,22 @@ def shuffle_buffer_refill(s: dict, p: Pipeline) -> None:
         f"Estimate: the fills vanish and their work ({ms(redone * p.cores)} of CPU per step) is done in the steady "
         f"state instead, over {p.cores_words}. Shuffling file names shuffles less finely within a file (not at all "
         "for one image per file).",
+        stage=s["path"],
+    )
+
+
+def _shuffle_of_python_tokens(s: dict, p: Pipeline, tokenizer: dict, work: str, size: str) -> None:
+    """A shuffle buffer filled from Python tokenization: tokenized once, it fills from token ids read back."""
+    p.causes.add(
+        "shuffle-buffer-refill",
+        "A shuffle buffer is refilled from Python tokenization",
+        s["fill_ms"],
+        f"{ms(s['fill_ms'])} per step ({pct(s['fill_ms'], p.step)} of step time) waits while {st.name(s)} fills "
+        f"its buffer of {s['params'].get('buffer_size', '?')} elements: {s['fills']} fill(s) in the profile (each new "
+        f"iterator, e.g. every epoch), {s['pulled_per_fill']:.0f} elements pulled one by one through {work}, "
+        f"tokenized in Python by {st.name(tokenizer)} ({st.token_ids(tokenizer)}: token ids){size}",
+        TOKENIZE_ONCE + " The buffer then fills from token ids read back, which costs little.",
+        "Estimate: the fill's Python work leaves the steps (reading the ids back is not counted).",
         stage=s["path"],
     )
 

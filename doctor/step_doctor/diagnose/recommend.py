@@ -7,19 +7,21 @@ from step_doctor.diagnose.input_causes import input_causes
 from step_doctor.diagnose.recommendation import Causes, Recommendation, rank
 from step_doctor.diagnose.stalls import working_step
 from step_doctor.diagnose.step_causes import device_causes, per_step_overhead, recompilation
-from step_doctor.diagnose.structural import latent_fixes, structural_fixes
+from step_doctor.diagnose.structural import latent_fixes, padding_latent, structural_fixes, unbucketed_padding
 from step_doctor.diagnose.verdict import INPUT_BOUND
 
 
 def recommendations(
-    profile: dict, config: dict | None = None, device: DeviceView | None = None
+    profile: dict, config: dict | None = None, device: DeviceView | None = None, padding: float | None = None
 ) -> list[Recommendation]:
     """The causes this profile shows, ranked: what changes what is learned first, then most step time removed;
     then, when the run is input-bound, the structural fixes its pipeline tree shows that none of those makes
     (when it is not, `latent` lists them apart).
 
     `config` is the run's config.yaml where there is one (it tells the precision the run trained in);
-    `device` what the run and the profile say about the device (diagnose/device.py).
+    `device` what the run and the profile say about the device (diagnose/device.py); `padding` the share of padded
+    token slots the run recorded (structural.padding_share of its summary.json): a padded_batch without bucketing
+    ranks with what padding costs the model where it is known, and is listed as a structural fix where it is not.
     """
     device = device or view(profile)
     if profile["input_bound_percent"] is None or not profile["step_time_ms"]:
@@ -32,17 +34,26 @@ def recommendations(
         recompilation(wait, pipeline)
     step = Causes(profile["step_time_ms"])  # figures of xprof's step breakdown
     device_causes(profile, config or {}, device.busy_percent, step)
-    ranked = rank(pipeline.found + step.found)
+    padded = unbucketed_padding(wait, padding)
+    ranked = rank(pipeline.found + step.found + (padded if padding is not None else []))
     if profile["input_bound_percent"] >= INPUT_BOUND:
         ranked += structural_fixes(wait, device.cpu_only, ranked)
+        ranked += [r for r in padded if r not in ranked]
     return ranked
 
 
-def latent(profile: dict, ranked: list[Recommendation], device: DeviceView | None = None) -> list[Recommendation]:
+def latent(
+    profile: dict, ranked: list[Recommendation], device: DeviceView | None = None, padding: float | None = None
+) -> list[Recommendation]:
     """A run that is not input-bound: the structural defects its pipeline tree shows that `ranked` does not fix, as
-    notes of what they would cost where the step is faster (diagnose/structural.py)."""
+    notes of what they would cost where the step is faster (diagnose/structural.py); a padded_batch without
+    bucketing that does not rank among them (its padding share unknown, or its cost under 5 %) too."""
     wait = profile.get("input_pipeline") or {}
     share = profile["input_bound_percent"]
     if share is None or share >= INPUT_BOUND or not profile["step_time_ms"] or not wait.get("measured"):
         return []
-    return latent_fixes(wait, (device or view(profile)).cpu_only, ranked)
+    cpu_only = (device or view(profile)).cpu_only
+    padded = [
+        r for r in unbucketed_padding(wait, padding) if (r.cause, r.stage) not in {(o.cause, o.stage) for o in ranked}
+    ]
+    return latent_fixes(wait, cpu_only, ranked) + padding_latent(padded)

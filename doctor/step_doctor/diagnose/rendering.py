@@ -140,9 +140,19 @@ def _recommendations(recommendations: list[Recommendation]) -> list[str]:
 
 def _latent(notes: list[Recommendation]) -> list[str]:
     """Structural defects of a run that does not wait for input: not ranked, said with what they would cost."""
-    if not notes:
-        return []
-    lines = ["  not costing this run, but in its pipeline (they would cost where the step is faster):"]
+    lines = []
+    padding = [rec for rec in notes if rec.cause == "unbucketed-padding"]
+    others = [rec for rec in notes if rec not in padding]
+    if others:
+        lines.append("  not costing this run, but in its pipeline (they would cost where the step is faster):")
+    lines += _latent_notes(others)
+    if padding:
+        lines.append("  not ranked, in how its batches are padded:")
+    return lines + _latent_notes(padding)
+
+
+def _latent_notes(notes: list[Recommendation]) -> list[str]:
+    lines = []
     for rec in notes:
         lines.append(f"  - {rec.title} [{rec.cause}, latent]")
         lines.append(f"     evidence: {rec.evidence}.")

@@ -22,6 +22,7 @@ import yaml
 from step_doctor.diagnose import analysis, xla
 from step_doctor.diagnose.device import DeviceView, run_record, view
 from step_doctor.diagnose.recommend import latent, recommendations
+from step_doctor.diagnose.structural import padding_share
 from step_doctor.diagnose.verdict import verdict
 from step_doctor.errors import UserError
 
@@ -82,15 +83,16 @@ def diagnose(logdir: str | Path) -> dict:
             runs[run] = {"verdict": "unreadable", "error": str(error), "recommendations": [], "latent": []}
             continue
         wait = profile["input_pipeline"]
-        device = view(profile, run_record(session))
-        ranked = recommendations(profile, _run_config(session), device)
+        record = run_record(session)
+        device, padding = view(profile, record), padding_share(record)
+        ranked = recommendations(profile, _run_config(session), device, padding)
         runs[run] = {
             "verdict": verdict(profile, device),
             "steps_inferred": profile["steps_inferred"],
             "profile": profile,
             "device": device.to_dict(),
             "recommendations": [r.to_dict() for r in ranked],
-            "latent": [r.to_dict() for r in latent(profile, ranked, device)],
+            "latent": [r.to_dict() for r in latent(profile, ranked, device, padding)],
             "how_to_capture": None if profile["has_step_markers"] else HOW_TO_CAPTURE,
             "unmeasured": None if profile["input_bound_percent"] is not None else wait.get("reason"),
             "notes": notes(profile, device),

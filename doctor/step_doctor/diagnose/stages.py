@@ -40,6 +40,42 @@ def element_bytes(stage: dict) -> int | None:
     return total
 
 
+INTEGERS = {"int32", "int64"}
+SEQUENCE = 16  # an integer vector this long (or of unknown length) reads as token ids, not as a few integer features
+
+
+def components(stage: dict) -> list[tuple[list[str], str]] | None:
+    """(dims, dtype) of each tensor of one output element, e.g. '[32,?] [32]' + 'int32 int32'; None where the trace
+    does not record them (or not one dtype per shape)."""
+    shapes = re.findall(r"\[([^\]]*)\]", str(stage["params"].get("shapes", "")))
+    types = str(stage["params"].get("types", "")).split()
+    if not shapes or len(shapes) != len(types):
+        return None
+    return [([d.strip() for d in dims.split(",") if d.strip()], dtype) for dims, dtype in zip(shapes, types)]
+
+
+def token_ids(stage: dict) -> str | None:
+    """The stage's output as a text model's input, e.g. '[512] int32': an integer sequence per element (or a batch
+    of them) of unknown length or at least SEQUENCE long, beside nothing but integer sequences (masks) and labels;
+    None where the trace cannot tell it is that: no shapes recorded, images, floats the size of the sequence."""
+    found = components(stage)
+    if not found or any(not all(d == "?" or d.isdigit() for d in dims) for dims, _ in found):
+        return None
+
+    def sequence(dims: list[str], dtype: str) -> bool:
+        return dtype in INTEGERS and 1 <= len(dims) <= 2 and (dims[-1] == "?" or int(dims[-1]) >= SEQUENCE)
+
+    ids = [(dims, dtype) for dims, dtype in found if sequence(dims, dtype)]
+    if not ids:
+        return None
+    rank = max(len(dims) for dims, _ in ids)
+    ids = [(dims, dtype) for dims, dtype in ids if len(dims) == rank]
+    if any(len(dims) >= rank for dims, dtype in found if (dims, dtype) not in ids):
+        return None  # beside the ids (and masks), only labels: one per sequence
+    dims, dtype = ids[0]
+    return f"[{','.join(dims)}] {dtype}"
+
+
 def function_line(fn: dict | None, parallelism=None) -> str:
     if not fn:
         return "no function work recorded"

@@ -10,7 +10,8 @@ from the time this profile's pipeline needs per batch:
 - nothing running ahead of the model at its root (no prefetch);
 - a map written without num_parallel_calls;
 - decoding repeated every epoch, with nothing cached after it;
-- files read one after another.
+- files read one after another;
+- Python tokenization (a generator or Python map whose elements are token ids), every step.
 
 Each is estimated by the function of the cause it stands for (diagnose/input_causes.py),
 from the wait charged to the stage it names.
@@ -28,6 +29,8 @@ from step_doctor.diagnose.input_causes import (
     decode_every_epoch,
     no_prefetch,
     prefetched,
+    python_tokenization,
+    python_tokenizer,
     root_stage,
     sequential_file_reads,
     sequential_map,
@@ -37,9 +40,10 @@ from step_doctor.diagnose.stalls import working_step
 
 COVERS = {  # a structural fix -> the recommendations that already make it for the same stage
     "no-prefetch": {"no-prefetch"},
-    "sequential-map": {"sequential-map", "python-in-map"},
+    "sequential-map": {"sequential-map", "python-in-map", "python-tokenization"},
     "decode-every-epoch": {"decode-every-epoch", "sequential-map", "heavy-map"},
     "sequential-file-reads": {"sequential-file-reads"},
+    "python-tokenization": {"python-tokenization"},
 }
 
 
@@ -56,6 +60,8 @@ def structural_fixes(wait: dict, cpu_only: bool, listed: list[Recommendation]) -
             sequential_map(_alone(s, p))
         if fn and _decodes_every_epoch(s, p):
             decode_every_epoch(_alone(s, p))
+        if fn and python_tokenizer(_alone(s, p)):
+            python_tokenization(_alone(s, p))
     for opener, readers in _sequential_readers(p):
         reader = max(readers, key=lambda o: o["busy_ms"])
         blocking = sum(s["blocking_ms"] for s in (opener, *readers))
@@ -181,7 +187,134 @@ def _would_cost(rec: Recommendation, stage: dict | None, made: float, cores: int
         own = stage["functions"]["wall_ms"] if stage["functions"] else stage["busy_ms"]
     if rec.cause == "decode-every-epoch":
         return f"{st.name(stage)} takes {ms(own)} per batch in every epoch: a cache after it keeps only the first's"
+    if rec.cause == "python-tokenization":
+        return (
+            f"{st.name(stage)} takes {ms(own)} per batch in Python in every step, one call at a time under the GIL: "
+            "tokenized once, when the dataset is built, the steps would not pay it"
+        )
     return (
         f"{st.name(stage) if stage else 'this stage'} takes {ms(own)} per batch one call at a time: spread over "
         f"{cores} cores it would take about {ms(own / cores)}"
     )
+
+
+# ---- padding: batches padded without bucketing ------------------------------------------------------------------
+# Not an input cost: every padded slot is computed by the model. Read from the tree (a PaddedBatch stage with no
+# GroupByWindow, bucket_by_sequence_length's stage, above it); its cost needs the share of padded slots, which the
+# trace does not hold (the batch's shape is recorded, its real lengths are not): it comes from the run's own record.
+
+PADDING_KEY = "padding_share"  # in the run's summary.json (this template's text runs write it), anywhere in it
+
+BUCKET_FIX = (
+    "Pad to a few lengths: `ds.bucket_by_sequence_length(lambda ids, label: tf.shape(ids)[0], "
+    "bucket_boundaries=[65, 129, 257, 513], bucket_batch_sizes=[128, 64, 32, 16, 16], pad_to_bucket_boundary=True, "
+    "drop_remainder=True)` in place of `padded_batch`: texts of similar length are batched together and padded to "
+    "their bucket's length (64, 128, 256 or 512 here; no text may be longer than the last boundary - 1), batch sizes "
+    "chosen so every batch holds about the same number of token slots. Little padding, and a fixed set of shapes: "
+    "under XLA one compile each. Packing several texts per row (with segment ids) pads least. "
+    "In this template (task: text): text.pipeline.batching: bucket."
+)
+
+
+def padding_share(record: dict, depth: int = 3) -> float | None:
+    """The share of padded slots the run recorded (PADDING_KEY, a number from 0 to 1, at any level of its
+    summary.json up to `depth`), or None."""
+    if not isinstance(record, dict) or depth < 0:
+        return None
+    value = record.get(PADDING_KEY)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+        return float(value)
+    for inner in record.values():
+        found = padding_share(inner, depth - 1) if isinstance(inner, dict) else None
+        if found is not None:
+            return found
+    return None
+
+
+def _padded(stage: dict, stages: list[dict]) -> str | None:
+    """How a PaddedBatch stage pads ('to the longest sequence of each batch', 'to a fixed length, ...'), or None where
+    it is not padding text without bucketing: under bucket_by_sequence_length, or fed elements of one fixed shape."""
+    if not stage["kind"].startswith("PaddedBatch") or "GroupByWindow" in stage["path"]:
+        return None
+    below = next((o for o in stages if o["path"].rsplit("::", 1)[0] == stage["path"]), None)
+    fed = st.components(below) if below is not None else None
+    if fed is not None and not any("?" in dims for dims, _ in fed):
+        return None  # every element has the same shape: nothing to pad
+    out = st.components(stage) or []
+    lengths = [dims[1:] for dims, _ in out if len(dims) >= 2]
+    if lengths and any("?" in rest for rest in lengths):
+        return "to the longest sequence of each batch, a new length nearly every batch"
+    if lengths:
+        return f"to a fixed length ({', '.join('x'.join(rest) for rest in lengths[:1])}), whatever each text's"
+    return "to the longest of each batch or to a fixed length (the trace does not record which)"
+
+
+def unbucketed_padding(wait: dict, share: float | None) -> list[Recommendation]:
+    """A padded_batch with no bucketing in the tree, with the run's padding share where it recorded one: what the
+    model computes on padding is the time it removes (at most; bucketing leaves a little padding)."""
+    if not wait.get("measured"):
+        return []
+    causes = Causes(working_step(wait))
+    compute = wait.get("compute_ms") or 0.0
+    xla = wait.get("xla") or {}
+    for s in wait["stages"]:
+        how = _padded(s, wait["stages"])
+        if how is None:
+            continue
+        batch = s["params"].get("batch_size", "?")
+        padded = [f"[{','.join(dims)}] {dtype}" for dims, dtype in st.components(s) or [] if len(dims) >= 2]
+        shapes = f" ({padded[0]})" if padded else ""
+        if share is None:
+            said = (
+                "padding share unknown: the run recorded none (this template's text runs write padding_share to "
+                "summary.json), and the trace holds each batch's shape, not its texts' lengths"
+            )
+            removes, estimate = 0.0, "Estimate: none from this profile (the padding share is unknown)."
+        else:
+            removes = share * compute
+            said = (
+                f"the run recorded a padding share of {share:.0%}: that part of the token slots the model computes "
+                f"is padding, about {ms(removes)} of its {ms(compute)} of compute per step"
+            )
+            estimate = (
+                "Estimate: at most the model's compute on padded slots (its work grows with the slots; attention "
+                "grows faster than that); bucketing leaves some padding, to each bucket's length."
+            )
+        if xla.get("used") and xla.get("churn"):
+            said += "; under XLA each new length also compiles the step again (recompilation)"
+        elif not xla.get("used") and "new length" in how:
+            said += "; under XLA (Keras's default where a GPU is present) each new length would compile the step again"
+        causes.add(
+            "unbucketed-padding",
+            "Batches padded without bucketing (padded_batch)",
+            removes,
+            f"{st.name(s)} pads each batch of {batch}{shapes} {how}, with no bucket_by_sequence_length in the "
+            f"pipeline; {said}",
+            BUCKET_FIX,
+            estimate,
+            stage=s["path"],
+        )
+    return causes.found
+
+
+def padding_latent(notes: list[Recommendation]) -> list[Recommendation]:
+    """unbucketed_padding's notes for a run that lists no structural fix (not input-bound) and does not rank them."""
+    return [
+        dataclasses.replace(
+            rec,
+            kind=LATENT,
+            caveat=(
+                "Not ranked: padding costs the model's compute, not input wait, and "
+                + (
+                    f"its cost here ({ms(rec.removes_ms)} per step) is under 5% of the step."
+                    if rec.removes_ms
+                    else "this profile cannot tell how much of that compute is padding."
+                )
+            ),
+            if_faster=(
+                "Where the step is faster: the padded slots stay the same share of the model's work on any device, "
+                "and cost more the more the model computes per slot (attention, larger layers)."
+            ),
+        )
+        for rec in notes
+    ]

@@ -12,6 +12,7 @@ Writes OUT/multi-worker.json with every run and the counts.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def _run(profiled: bool, data: Path, work: Path, index: int, timeout: float) -> 
     return row
 
 
-def measure(runs: int, timeout: float) -> dict:
+def measure(runs: int, timeout: float, out: Path) -> dict:
     if not SCRIPT.is_file():
         raise UserError(f"bench-profile --multi-worker runs {SCRIPT}, which comes with a checkout of the repository.")
     rows = []
@@ -75,7 +76,9 @@ def measure(runs: int, timeout: float) -> dict:
                     + (f", captured {row.get('captured')}, fix loaded {row.get('fix_loaded')}" if profiled else ""),
                     flush=True,
                 )
-    return _counts(rows)
+            # Written after every pair, so a run cut short (Ctrl-C, a lost machine) keeps what it counted.
+            files.write_json(out / "multi-worker.json", {**_counts(rows), "planned": runs, "complete": False})
+    return {**_counts(rows), "planned": runs, "complete": True}
 
 
 def _counts(rows: list[dict]) -> dict:
@@ -90,13 +93,23 @@ def _counts(rows: list[dict]) -> dict:
 
     from step_doctor import machine
 
-    return {"case": CASE, "cpu": machine.cpu_model(), "profiled": count(True), "alone": count(False), "runs": rows}
+    return {
+        "case": CASE,
+        "cpu": machine.cpu_model(),
+        "load_average": os.getloadavg(),
+        "profiled": count(True),
+        "alone": count(False),
+        "runs": rows,
+    }
 
 
 def main(args) -> int:
     if args.multi_worker < 1:
         raise UserError("--multi-worker N needs N >= 1 (profiled runs; as many run alone).")
-    result = measure(args.multi_worker, timeout=600)
+    out = Path(args.out)
+    load_before = os.getloadavg()
+    result = measure(args.multi_worker, timeout=600, out=out)
+    result["load_average_before"] = load_before
     profiled, alone = result["profiled"], result["alone"]
     print(
         f"{CASE} on {result['cpu']}: profiled {profiled['deaths']} deaths in {profiled['runs']} runs "
@@ -104,7 +117,6 @@ def main(args) -> int:
         f"{profiled['workers_with_the_fix']}, two verdicts in {profiled['runs_with_two_verdicts']} runs); alone "
         f"{alone['deaths']} deaths in {alone['runs']} runs"
     )
-    out = Path(args.out)
     files.write_json(out / "multi-worker.json", result)
     print(f"wrote {out / 'multi-worker.json'}")
     return 1 if profiled["deaths"] else 0
