@@ -44,7 +44,7 @@ endif
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
-	@echo "Usage: make <target> [ARGS='--set key=value ...']"
+	@echo "Usage: make <target> [TASK=image|text] [ARGS='--set key=value ...']"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: $(STAMP) ## Create .venv and install the project with the pinned versions (constraints.txt; constraints-gpu.txt with a GPU)
