@@ -8,6 +8,14 @@ SHELL := /bin/bash
 ARGS ?=
 # auto: the CPU scenario where no GPU is found; or a name in configs/scenarios/ (larger_than_memory), none
 SCENARIO ?= auto
+# image: the presets in configs/; text: those in configs/text/ (docs/text.md), e.g. make compare TASK=text
+TASK ?= image
+ifeq ($(filter image text,$(TASK)),)
+$(error TASK must be image or text, got '$(TASK)')
+endif
+PRESETS := $(if $(filter text,$(TASK)),configs/text,configs)
+# the task's presets for the commands that compare them (compare, bench, ladder, sweep-batch)
+PAIR := --naive $(PRESETS)/naive.yaml --optimized $(PRESETS)/optimized.yaml
 PORT ?= 6006
 # diagnose reads runs/compare and tensorboard serves runs/ unless LOGDIR names another log folder
 LOGDIR ?=
@@ -36,7 +44,7 @@ endif
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
-	@echo "Usage: make <target> [ARGS='--set key=value ...']"
+	@echo "Usage: make <target> [TASK=image|text] [ARGS='--set key=value ...']"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: $(STAMP) ## Create .venv and install the project with the pinned versions (constraints.txt; constraints-gpu.txt with a GPU)
@@ -49,14 +57,14 @@ $(STAMP): pyproject.toml doctor/pyproject.toml $(SETUP_CONSTRAINTS)
 	@touch $@
 endif
 
-data: setup ## Build the synthetic dataset (TFRecord shards in shards/; no-op when built)
-	$(PY) -m train data --config configs/base.yaml --scenario $(SCENARIO) $(if $(filter data,$(MAKECMDGOALS)),$(ARGS))
+data: setup ## Build the synthetic dataset (TFRecord shards in shards/; no-op when built; TASK=text: the text corpus)
+	$(PY) -m train data --config $(PRESETS)/base.yaml --scenario $(SCENARIO) $(if $(filter data,$(MAKECMDGOALS)),$(ARGS))
 
 train-naive: data ## Train the naive baseline (Python generator, serial, no prefetch) into runs/naive
-	$(PY) -m train fit --config configs/naive.yaml $(ARGS)
+	$(PY) -m train fit --config $(PRESETS)/naive.yaml $(ARGS)
 
 train-optimized: data ## Train the optimized pipeline into runs/optimized
-	$(PY) -m train fit --config configs/optimized.yaml $(ARGS)
+	$(PY) -m train fit --config $(PRESETS)/optimized.yaml $(ARGS)
 
 train-multiworker: data ## Train the optimized preset with WORKERS local processes (MultiWorkerMirroredStrategy)
 	$(PY) -m train launch --workers $(WORKERS) -- fit --config configs/optimized.yaml --set train.strategy=multi_worker $(ARGS)
@@ -68,22 +76,22 @@ data-worker: data ## Run a tf.data service worker on WORKER_PORT (5051) for DISP
 	$(PY) -m train data-service worker --port $(WORKER_PORT) --dispatcher $(DISPATCHER) $(ARGS)
 
 compare: data ## Naive vs optimized on the same data and model: table + runs/compare/report.{md,png,json}
-	$(PY) -m train compare --scenario $(SCENARIO) $(ARGS)
+	$(PY) -m train compare $(PAIR) --scenario $(SCENARIO) $(ARGS)
 
 bench: data ## Naive vs optimized vs compute ceiling, interleaved trials -> runs/bench/bench.json
-	$(PY) -m train bench --scenario $(SCENARIO) $(ARGS)
+	$(PY) -m train bench $(PAIR) --scenario $(SCENARIO) $(ARGS)
 
 bench-check: data ## Check the benchmark harness: A/A and order checks, both scenarios -> runs/bench-check/
 	$(PY) -m train bench-check $(ARGS)
 
 ladder: data ## One optimization at a time from naive, each measured -> runs/ladder/ladder.{json,md,png}
-	$(PY) -m train ladder --scenario $(SCENARIO) $(ARGS)
+	$(PY) -m train ladder $(PAIR) --scenario $(SCENARIO) $(ARGS)
 
 sweep-batch: data ## Throughput and utilization against batch size -> runs/sweep-batch/sweep.{json,png}
-	$(PY) -m train sweep-batch --scenario $(SCENARIO) $(ARGS)
+	$(PY) -m train sweep-batch $(PAIR) --scenario $(SCENARIO) $(ARGS)
 
 tune: data ## Search the speed knobs for your data and machine (ARGS="--minutes 10") -> configs/tuned.yaml, runs/tune/
-	$(PY) -m train tune --scenario $(SCENARIO) $(ARGS)
+	$(PY) -m train tune --config $(PRESETS)/optimized.yaml --scenario $(SCENARIO) $(ARGS)
 
 diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (LOGDIR=runs/compare)
 	$(PY) -m step_doctor diagnose $(or $(LOGDIR),runs/compare) $(ARGS)

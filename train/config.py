@@ -16,9 +16,11 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from train.config_rules import PHOTO_TRANSFORMS, TRANSFORMS, check_ranges
+from train.config_rules import PHOTO_TRANSFORMS, TRANSFORMS, _Problems, check_ranges
 from train.core import files
 from train.core.errors import UserError, did_you_mean
+from train.text.settings import TextConfig
+from train.text.settings import check as check_text
 
 __all__ = ["PHOTO_TRANSFORMS", "TRANSFORMS", "Config", "load", "save", "to_dict"]
 
@@ -155,6 +157,9 @@ class Config:
     name: str = "run"
     description: str = ""
     runs_dir: str = "runs"
+    # image: data/pipeline sections, built by train/input/pipeline.py; text: the `text:` section (text.data,
+    # text.pipeline: train/text/settings.py), built by train/text/pipeline.py. The rest is shared.
+    task: Literal["image", "text"] = "image"
     data: DataConfig = field(default_factory=DataConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -162,6 +167,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    text: TextConfig = field(default_factory=TextConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -340,10 +346,27 @@ def load(
         source += " (with --set " + " ".join(overrides) + ")"
     cfg = _build(Config, values, "", source)
     check_ranges(cfg, source)
+    if cfg.task == "text":
+        problems = _Problems()
+        check_text(cfg.text, problems.need)
+        if problems:
+            raise UserError(f"{source}: " + "; ".join(problems) + ". Fix the value(s) and run again.")
+        # The text models register themselves where they are defined (Keras layers of their own).
+        from train.core.quiet import import_tensorflow
+
+        import_tensorflow()
+        from train.text import model as _registers_the_text_models  # noqa: F401
     from train import models
 
     cfg.model.params = models.resolve_params(cfg.model.name, cfg.model.params, source)
     return cfg
+
+
+def task_of(path: str | Path) -> str:
+    """The task a preset trains (its `task:`, following `extends:`), read without building the config: the
+    commands that take presets choose the task's scenario and presets from it."""
+    task = _read_yaml(Path(path)).get("task", Config.task)
+    return task if task in typing.get_args(typing.get_type_hints(Config)["task"]) else Config.task
 
 
 def to_dict(cfg: Config) -> dict:

@@ -16,6 +16,8 @@ from train.core import files
 from train.core.errors import UserError
 
 CPU_SCENARIO = "configs/scenarios/cpu.yaml"
+# text: the small Transformer plays the part the tiny CNN plays for images
+CPU_SCENARIOS = {"image": CPU_SCENARIO, "text": "configs/text/cpu.yaml"}
 
 
 @dataclasses.dataclass
@@ -40,7 +42,7 @@ def has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def resolve(choice: str) -> Scenario:
+def resolve(choice: str, task: str = "image") -> Scenario:
     if choice == "none":
         return Scenario([], "no scenario overlay: every preset as written")
     if choice != "auto":
@@ -54,10 +56,17 @@ def resolve(choice: str) -> Scenario:
         return Scenario([str(path)], f"scenario {Path(path).stem} ({named(choice)})")
     if has_gpu():
         return Scenario([], "GPU found: every preset as written")
+    overlay = CPU_SCENARIOS[task]
+    model = "a small Transformer encoder" if task == "text" else "a tiny model"
     return Scenario(
-        [str(files.project_file(CPU_SCENARIO))],
+        [str(files.project_file(overlay))],
         (
-            f"No GPU found: running the CPU scenario that mirrors a fast GPU ({CPU_SCENARIO}: a tiny model, so the "
+            f"No GPU found: running the CPU scenario that mirrors a fast GPU ({overlay}: {model}, so the "
             "input pipeline, not the model, limits throughput, as it does on an accelerator)"
         ),
     )
+
+
+def for_preset(choice: str, preset: str | Path) -> Scenario:
+    """`resolve` for the task that `preset` trains (configs/text/* train text)."""
+    return resolve(choice, config_lib.task_of(files.project_file(preset)))

@@ -54,17 +54,20 @@ def fit_in_subprocess(config_path: str, overlays: list[str], overrides: list[str
 
 
 def main(opts: CompareOptions) -> int:
-    scenario = scenario_lib.resolve(opts.variants.scenario)
+    scenario = scenario_lib.for_preset(opts.variants.scenario, opts.variants.naive)
     out = Path(opts.out)
     presets = {"naive": opts.variants.naive, "optimized": opts.variants.optimized}
     overrides = list(opts.variants.overrides) + [f"runs_dir={out}"]
     configs = {name: scenario.load(path, overrides, name=name) for name, path in presets.items()}
     naive, optimized = configs["naive"], configs["optimized"]
-    if naive.data != optimized.data or naive.model != optimized.model:
+    data = "text.data" if naive.task == "text" else "data"
+    same_data = (naive.text.data == optimized.text.data) if naive.task == "text" else naive.data == optimized.data
+    if naive.task != optimized.task or not same_data or naive.model != optimized.model:
+        what = "task" if naive.task != optimized.task else data if not same_data else "model"
+        base = "configs/text/base.yaml" if naive.task == "text" else "configs/base.yaml"
         raise UserError(
             f"{opts.variants.naive} and {opts.variants.optimized} must train the same data and model to be compared; "
-            f"they differ in {'data' if naive.data != optimized.data else 'model'}. "
-            "Put data and model in the shared base preset (configs/base.yaml)."
+            f"they differ in {what}. Put task, data and model in the shared base preset ({base})."
         )
     trials.begin(scenario, [optimized])
 

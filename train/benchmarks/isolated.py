@@ -58,6 +58,7 @@ class Facts:
     device: str
     cpu_cores: int
     warmup_seconds: float
+    unit: str = "examples/s"  # what a trial's rate counts: real tokens/s for text
 
 
 class Worker:

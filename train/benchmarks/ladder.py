@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from train import config as config_lib
 from train import scenario as scenario_lib
 from train.benchmarks import isolated, ladder_report, stats, trials
 from train.benchmarks.options import LadderOptions
@@ -55,8 +56,11 @@ def load_ladder(path: Path) -> dict:
     return ladder
 
 
-def default_ladder(scenario: scenario_lib.Scenario) -> Path:
-    """The scenario's own ladder (configs/ladder/<scenario>.yaml) where it has one."""
+def default_ladder(scenario: scenario_lib.Scenario, task: str = "image") -> Path:
+    """The text task's ladder (configs/ladder/text.yaml); else the scenario's own ladder
+    (configs/ladder/<scenario>.yaml) where it has one."""
+    if task == "text":
+        return files.PROJECT_ROOT / "configs" / "ladder" / "text.yaml"
     for overlay in scenario.overlays:
         own = files.PROJECT_ROOT / "configs" / "ladder" / Path(overlay).name
         if own.is_file():
@@ -70,6 +74,21 @@ def overrides(values: dict) -> list[str]:
 
 def hparams(config: dict) -> dict:
     p, t = config["pipeline"], config["train"]
+    if config.get("task") == "text":
+        p = config["text"]["pipeline"]
+        return {
+            "reader": p["reader"],
+            "parallel_calls": str(p["parallel_calls"]),
+            "cache": str(p["cache"]),
+            "prefetch": str(p["prefetch"]),
+            "batching": p["batching"],
+            "batch_size": p["batch_size"],
+            "token_budget": p["token_budget"],
+            "precision": str(t["precision"]),
+            "jit_compile": str(t["jit_compile"]),
+            "steps_per_execution": str(t["steps_per_execution"]),
+            "strategy": t["strategy"],
+        }
     return {
         "reader": p["reader"],
         "parallel_calls": str(p["parallel_calls"]),
@@ -135,7 +154,7 @@ def measure_rung(index: int, rung: dict, base, candidate_cfg, opts: LadderOption
         hparams=hparams(facts.config),
     )
     print(
-        f"    {candidate.stats()['median']:,.0f} examples/s, {verdict.line()}: {verdict.word}"
+        f"    {candidate.stats()['median']:,.0f} {facts.unit}, {verdict.line()}: {verdict.word}"
         + ("" if keep else " -> not kept"),
         flush=True,
     )
@@ -182,8 +201,9 @@ def climb(ladder: dict, config_for, found, opts: LadderOptions, out: Path) -> di
 
 
 def main(opts: LadderOptions) -> int:
-    scenario = scenario_lib.resolve(opts.variants.scenario)
-    ladder_path = files.project_file(opts.ladder or default_ladder(scenario))
+    task = config_lib.task_of(files.project_file(opts.variants.naive))
+    scenario = scenario_lib.resolve(opts.variants.scenario, task)
+    ladder_path = files.project_file(opts.ladder or default_ladder(scenario, task))
     ladder = load_ladder(ladder_path)
     start = ladder_path.parent / ladder["start"]
 
@@ -208,6 +228,7 @@ def main(opts: LadderOptions) -> int:
         "device": found.describe(),
         "scenario": scenario.why,
         "ladder": str(ladder_path),
+        "unit": "real tokens/s" if configs[0].task == "text" else "examples/s",  # of every rate below
         "trials": opts.trials.rounds,
         "trial_seconds": opts.trials.seconds,
         "isolation": "each variant in its own process, stopped (SIGSTOP) while another is measured",

@@ -28,8 +28,8 @@ def end_to_end_line(result: dict) -> str:
 
 def markdown_table(result: dict) -> str:
     lines = [
-        "| # | rung | examples/s (median, min-max) | gain vs previous (quartiles) | A/A noise | verdict | kept "
-        "| input-bound | cumulative |",
+        f"| # | rung | {result.get('unit', 'examples/s')} (median, min-max) | gain vs previous (quartiles) "
+        "| A/A noise | verdict | kept | input-bound | cumulative |",
         "|---|---|---:|---:|---:|---|---|---:|---:|",
         f"| 0 | naive | {result['naive_examples_per_sec'] or 0:,.0f} | | | | | | 1.00x |",
     ]
@@ -125,7 +125,7 @@ def chart(result: dict, path: Path) -> None:
         if item[5]:
             ax.text(index, item[1] + item[2], item[5], ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel("examples / second (naive median x cumulative gain)")
+    ax.set_ylabel(f"{result.get('unit', 'examples/s')} (naive median x cumulative gain)")
     end = result.get("end_to_end")
     overall = f"x{end['median']:.1f} overall, measured end to end" if end else "no rung kept"
     ax.set_title(

@@ -60,14 +60,38 @@ def run_row(summary: dict) -> dict:
         else NOT_SAMPLED,
         run_dir=summary.get("run_dir"),
     )
+    text = summary.get("text")
+    if text:
+        off = "XLA off"
+        share = text.get("padding_share")
+        row.update(
+            real_tokens_per_s=text.get("real_tokens_per_s"),
+            padded_slots_per_s=text.get("padded_slots_per_s"),
+            padding_share_percent=None if share is None else 100 * share,
+            distinct_shapes=text.get("distinct_shapes"),
+            texts_per_step=text.get("texts_per_step"),
+            # the profile's step breakdown per 1,000 real tokens: text steps differ in the texts they hold
+            examples_per_profiled_step=(text.get("real_tokens_per_step") or 0)
+            / 1000
+            * (row["steps_per_execution"] or 1)
+            or None,
+            xla_compiles=text.get("xla_compiles") if text.get("jit_compile") else off,
+            compile_seconds=text.get("compile_seconds") if text.get("jit_compile") else off,
+            shapes=text.get("shapes"),
+        )
     return row
 
 
 def build(runs: dict[str, dict], scenario: str | None, baseline: str = "naive", target: str = "optimized") -> dict:
     rows = {name: run_row(summary) for name, summary in runs.items()}
-    base, best = rows[baseline]["examples_per_sec"], rows[target]["examples_per_sec"]
     first = next(iter(runs.values()))
+    task = first.get("task") or "image"
+    # text: batches of 32 to hundreds of texts, mostly padding or not: the work done is the real tokens
+    key = "real_tokens_per_s" if task == "text" else "examples_per_sec"
+    base, best = rows[baseline].get(key), rows[target].get(key)
     return {
+        "task": task,
+        "speedup_of": key,
         "device": first.get("device"),
         "device_kind": first.get("device_kind"),
         "scenario": scenario,
@@ -102,15 +126,39 @@ ROWS = (  # (label, key in the run's row, decimals, unit), shared by the table a
 )
 
 
+TEXT_ROWS = (  # task: text, before ROWS
+    ("real (non-padding) tokens/s", "real_tokens_per_s", 0, ""),
+    ("padded slots/s", "padded_slots_per_s", 0, ""),
+    ("padding share", "padding_share_percent", 1, " %"),
+    ("distinct input shapes", "distinct_shapes", 0, ""),
+    ("texts per step", "texts_per_step", 1, ""),
+    ("XLA compiles", "xla_compiles", 0, ""),
+    ("compile seconds (XLA)", "compile_seconds", 1, ""),
+)
+
+
+def rows_of(report: dict) -> tuple:
+    return TEXT_ROWS + ROWS if report.get("task") == "text" else ROWS
+
+
+def _shapes(count) -> str:
+    return f"{count} shape" + ("" if count == 1 else "s")
+
+
+def _speedup_unit(report: dict) -> str:
+    return "real tokens/s" if report.get("speedup_of") == "real_tokens_per_s" else "examples/s"
+
+
 def table(report: dict) -> str:
     names = list(report["runs"])
-    width = max(len(label) for label, *_ in ROWS) + 2
+    rows = rows_of(report)
+    width = max(len(label) for label, *_ in rows) + 2
     lines = ["".ljust(width) + "".join(name.rjust(16) for name in names)]
-    for label, key, digits, suffix in ROWS:
-        cells = [_fmt(report["runs"][n][key], digits, suffix).rjust(16) for n in names]
+    for label, key, digits, suffix in rows:
+        cells = [_fmt(report["runs"][n].get(key), digits, suffix).rjust(16) for n in names]
         lines.append(label.ljust(width) + "".join(cells))
     if report["speedup"]:
-        lines.append(f"speedup ({names[-1]} / {names[0]} examples/s): {report['speedup']:.2f}x")
+        lines.append(f"speedup ({names[-1]} / {names[0]} {_speedup_unit(report)}): {report['speedup']:.2f}x")
     return "\n".join(lines)
 
 
@@ -141,7 +189,7 @@ def markdown(report: dict) -> str:
         "| | " + " | ".join(names) + " |",
         "|---|" + "---:|" * len(names),
     ]
-    for label, key, digits, suffix in ROWS[:-1] + (
+    for label, key, digits, suffix in rows_of(report)[:-1] + (
         ("precision / XLA / steps per execution", None, 0, ""),
         ("slowest tf.data stage", "slow_stage", 0, ""),
     ):
@@ -151,12 +199,15 @@ def markdown(report: dict) -> str:
                 for r in (report["runs"][n] for n in names)
             ]
         else:
-            cells = [_fmt(report["runs"][n][key], digits, suffix) for n in names]
+            cells = [_fmt(report["runs"][n].get(key), digits, suffix) for n in names]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     if report["speedup"]:
-        out += ["", f"**Speedup: {report['speedup']:.2f}x** examples/s ({names[-1]} / {names[0]})."]
+        out += ["", f"**Speedup: {report['speedup']:.2f}x** {_speedup_unit(report)} ({names[-1]} / {names[0]})."]
     out += ["", "Pipelines:", ""]
     out += [f"- **{n}**: {report['runs'][n]['pipeline']}" for n in names]
+    if report.get("task") == "text":
+        out += ["", "Input shapes (rows x length) each run trained on:", ""]
+        out += [f"- **{n}**: {', '.join(report['runs'][n].get('shapes') or []) or 'n/a'}" for n in names]
     notes = na_notes(report)
     if notes:
         out += [""] + notes
@@ -187,24 +238,36 @@ def chart(report: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
 
     ax = axes[0]
-    values = [r["examples_per_sec"] or 0 for r in runs]
+    key = report.get("speedup_of") or "examples_per_sec"
+    unit = _speedup_unit(report)
+    values = [r.get(key) or 0 for r in runs]
     bars = ax.bar(names, values, color=["#d62728", "#2ca02c", "#1f77b4", "#9467bd"][: len(names)])
-    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values])
-    ax.set_title("Throughput (examples/s)" + (f" - {report['speedup']:.1f}x" if report["speedup"] else ""))
-    ax.set_ylabel("examples / second")
+    labels = [f"{v:,.0f}" for v in values]
+    if report.get("task") == "text":
+        labels = [
+            f"{v:,.0f}\n{_fmt(r.get('padding_share_percent'), 0, ' %')} padding, {_shapes(r.get('distinct_shapes'))}"
+            for v, r in zip(values, runs)
+        ]
+    ax.bar_label(bars, labels=labels, fontsize=8)
+    ax.set_ylim(0, max(values + [1]) * 1.2)  # room for the labels under the title
+    ax.set_title(f"Throughput ({unit})" + (f" - {report['speedup']:.1f}x" if report["speedup"] else ""))
+    ax.set_ylabel(unit.replace("/s", " / second"))
 
     ax = axes[1]
     bottoms = [0.0] * len(runs)
     for key, label, colour in BREAKDOWN:
         heights = [
-            ((r["step_breakdown_ms"] or {}).get(key) or 0.0) / r["examples_per_profiled_step"] * 1000 for r in runs
+            ((r["step_breakdown_ms"] or {}).get(key) or 0.0) / (r["examples_per_profiled_step"] or 1) * 1000
+            for r in runs
         ]
         if any(heights):
             ax.bar(names, heights, bottom=bottoms, label=label, color=colour)
             bottoms = [b + h for b, h in zip(bottoms, heights)]
-    ax.set_title("Step time per example, by category (profiler)")
-    ax.set_ylabel("microseconds per example")
-    ax.legend(fontsize=8)
+    per = "1,000 real tokens" if report.get("task") == "text" else "example"
+    ax.set_title(f"Step time per {per}, by category (profiler)")
+    ax.set_ylabel(f"microseconds per {per}")
+    if ax.get_legend_handles_labels()[0]:  # runs without a profile draw no bars here
+        ax.legend(fontsize=8)
 
     ax = axes[2]
     metrics = CHART_METRICS

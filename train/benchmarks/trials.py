@@ -24,7 +24,9 @@ from train import sources
 from train.benchmarks import stats
 from train.config import Config
 from train.input import pipeline
+from train.measure import text_throughput
 from train.shards.spec import DatasetSpec
+from train.text import pipeline as text_pipeline
 from train.training import devices, plan, setup
 
 PREROLL_S = 0.25  # untimed steps before each trial ...
@@ -47,6 +49,13 @@ class Variant:
     make_iterator: Callable[[], object] | None = None  # a fresh iterator over the same pipeline (renew)
     fills_cache: bool = False  # the pipeline caches: its first epoch fills (or opens) the cache
     min_warmup_seconds: float = 2.0
+    # text: the dataset's last map counts the real tokens the steps consume (measure/text_throughput.py), and a
+    # trial's rate is real tokens/s: a text batch holds 32 to hundreds of texts, padded little or much
+    counter: object = None
+
+    @property
+    def unit(self) -> str:
+        return "real tokens/s" if self.counter is not None else "examples/s"
 
     @property
     def replicas(self) -> int:
@@ -80,6 +89,7 @@ class Variant:
         while time.perf_counter() - started < PREROLL_S or drained < PREROLL_CALLS:
             self.run(1)
             drained += 1
+        tokens_before = self.counter.read()[0][0] if self.counter is not None else 0.0
         calls, elapsed, chunk = 0, 0.0, 1
         while elapsed < seconds or calls < min_calls or not self._whole_epochs(calls, elapsed):
             step = min(chunk, self._to_epoch_end(calls)) if elapsed >= seconds else chunk
@@ -88,6 +98,8 @@ class Variant:
             if took < 0.25:  # grow chunks to about 0.25 s: one host sync per chunk, not per step
                 chunk = max(chunk, int(step * 0.25 / max(took, 1e-6)))
         rate = calls * self.steps_per_call * self.batch_size / elapsed
+        if self.counter is not None:
+            rate = (self.counter.read()[0][0] - tokens_before) / elapsed
         self.samples.append(rate)
         return rate
 
@@ -133,6 +145,16 @@ class Variant:
 
 def training_pipeline(made: setup.Plan, spec: DatasetSpec):
     """The training split's pipeline of a planned config, batched at its global batch."""
+    if made.cfg.task == "text":
+        knobs = made.cfg.text.pipeline
+        return text_pipeline.build(
+            text_pipeline.input_files(spec, knobs, True),
+            spec,
+            knobs,
+            training=True,
+            batch_size=made.global_batch,
+            seed=made.cfg.train.seed,
+        )
     return pipeline.build(
         spec.train_files,
         spec,
@@ -204,13 +226,24 @@ def prepare(
         made.global_batch,
     )
     knobs = cfg.pipeline
+    text = cfg.task == "text"
     dataset = training_pipeline(made, spec)
-    if ceiling:
+    if ceiling and text:
+        # one epoch of batches from memory: every bucket's shape, at zero input cost
+        dataset = dataset.take(made.steps_per_epoch).cache().repeat().prefetch(2)
+        description = f"one epoch of {made.steps_per_epoch} batches cached and repeated (zero input cost)"
+    elif ceiling:
         batch = next(iter(dataset))
         dataset = tf.data.Dataset.from_tensors(batch).repeat().prefetch(2)
         description = f"one cached batch of {batch_size} repeated (zero input cost)"
+    elif text:
+        description = text_pipeline.describe(cfg.text.pipeline, spec, batch_size)
     else:
         description = pipeline.describe(knobs, spec, spec.num_train, batch_size)
+    counter = None
+    if text:
+        counter = text_throughput.TokenCounter()
+        dataset = counter.wrap(dataset)
     if replicas > 1:
         dataset = strategy.experimental_distribute_dataset(dataset)
         description += f" over {replicas} replicas"
@@ -224,12 +257,17 @@ def prepare(
         # called directly, would create them inside a replica's step, which a strategy does not allow.
         model.optimizer.build(model.trainable_variables)
     model.make_train_function()
-    variant = Variant(name, cfg, choices, model, make_iterator(), batch_size, description)
-    epoch_calls = -(
-        -pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder) // choices.steps_per_execution
-    )
+    variant = Variant(name, cfg, choices, model, make_iterator(), batch_size, description, counter=counter)
+    if text:
+        epoch_calls = -(-made.steps_per_epoch // choices.steps_per_execution)
+        caches = cfg.text.pipeline.cache and cfg.text.pipeline.reader == "tfrecord"
+    else:
+        epoch_calls = -(
+            -pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder) // choices.steps_per_execution
+        )
+        caches = knobs.cache != "none"
     variant.epoch_calls = 0 if ceiling else epoch_calls
-    variant.fills_cache = knobs.cache != "none" and not ceiling  # the first epoch fills it
+    variant.fills_cache = caches and not ceiling  # the first epoch fills it
     variant.min_warmup_seconds = warmup_seconds
     variant.make_iterator = make_iterator
     variant.warmup_seconds = warm_up(variant)
@@ -282,7 +320,12 @@ def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | No
     (train.cpu_replicas) happens here, before any variant is built.
     """
     print(scenario.why + ".", flush=True)
-    spec, built = sources.prepare(configs[0].data)
+    if configs[0].task == "text":
+        from train.text import build as text_build
+
+        spec, built = text_build.prepare(configs[0].text.data)
+    else:
+        spec, built = sources.prepare(configs[0].data)
     if built:
         print(f"Built the dataset at {spec.root}.", flush=True)
     mirrored = [cfg.train.cpu_replicas for cfg in configs if cfg.train.strategy == "mirrored"]

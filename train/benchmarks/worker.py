@@ -72,7 +72,12 @@ class Worker:
 
             if not tf.config.list_physical_devices("GPU"):
                 devices.split_cpu(cfg.train.cpu_replicas)
-        spec = sources.locate(cfg.data)
+        if cfg.task == "text":
+            from train.text import build as text_build
+
+            spec = text_build.locate(cfg.text.data)
+        else:
+            spec = sources.locate(cfg.data)
         if service_workers:
             import dataclasses
 
@@ -88,6 +93,7 @@ class Worker:
         return {
             "description": variant.description,
             "batch_size": variant.batch_size,
+            "unit": variant.unit,
             "replicas": variant.replicas,
             "precision": variant.choices.precision,
             "jit_compile": variant.choices.jit_compile,

@@ -24,10 +24,32 @@ def _trials(args):
     return options.Trials(args.trials or defaults.rounds, args.seconds or defaults.seconds)
 
 
+# Commands whose measurements are image-specific so far: bench's decode floor and tf.data service variants,
+# sweep-batch's batch sizes (text batches are sized by a token budget), tune's search space of image knobs.
+NOT_FOR_TEXT = {"bench", "sweep-batch", "tune"}
+
+
+def _refuse_text(args) -> None:
+    from train import config
+    from train.core import files
+    from train.core.errors import UserError
+
+    if args.command not in NOT_FOR_TEXT:
+        return
+    preset = args.config if args.command == "tune" else args.naive
+    if preset and config.task_of(files.project_file(preset)) == "text":
+        raise UserError(
+            f"`{args.command}` does not measure the text task yet ({preset} has task: text): its measurements are "
+            "the image pipeline's. For text, `make compare TASK=text` trains both presets side by side and "
+            "`make ladder TASK=text` measures every rung with the same A/A-checked harness (docs/text.md)."
+        )
+
+
 def benchmark_options(args):
     """The typed options of a benchmark command (train/benchmarks/options.py), from its arguments."""
     from train.benchmarks import options
 
+    _refuse_text(args)
     out = Path(args.out)
     if args.command == "compare":
         return options.CompareOptions(_variants(args), out)

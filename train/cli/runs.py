@@ -18,9 +18,22 @@ def cmd_data(args) -> int:
         import_tensorflow()
         from train import scenario
 
-        args.overlay = scenario.resolve(args.scenario).overlays + args.overlay
+        args.overlay = scenario.for_preset(args.scenario, args.config).overlays + args.overlay
     cfg = arguments.load(args)
     import_tensorflow()
+    if cfg.task == "text":
+        from train.text import build as text_build
+
+        spec, built = text_build.prepare(cfg.text.data)
+        verb = "Built" if built else "Already built (nothing to do)"
+        lengths = spec.length_statistics()
+        print(
+            f"{verb}: {spec.name} at {spec.root}: {spec.num_train} train + {spec.num_val} validation texts, "
+            f"{len(spec.train_files)}+{len(spec.val_files)} token shards, vocabulary {spec.vocab_size}, "
+            f"{spec.num_classes} classes, tokens per text median {lengths['median']:.0f}, p99 {lengths['p99']:.0f}, "
+            f"max {lengths['max']}" + (f"; {spec.skipped} bad row(s) skipped" if spec.skipped else "") + "."
+        )
+        return 0
     spec, built = sources.prepare(cfg.data)
     size_mb = sum(os.path.getsize(f) for f in spec.train_files + spec.val_files) / 2**20
     verb = "Built" if built else "Already built (nothing to do)"

@@ -91,10 +91,13 @@ def data_command(config_path: str | None, overlays: list[str] = (), overrides: l
     """The command that builds the dataset a config (with these overlays and overrides) trains on."""
     from train import config as config_lib
 
-    data_sets = [o for o in overrides if o.startswith("data.")]
+    data_sets = [o for o in overrides if o.startswith(("data.", "text.data."))]
     try:
-        wanted = config_lib.load(config_path, data_sets, layers=overlays).data
-        if wanted == config_lib.load(files.project_file("configs/base.yaml")).data:
+        loaded = config_lib.load(config_path, data_sets, layers=overlays)
+        if loaded.task == "text":
+            if loaded.text.data == config_lib.load(files.project_file("configs/text/base.yaml")).text.data:
+                return "make data TASK=text"
+        elif loaded.data == config_lib.load(files.project_file("configs/base.yaml")).data:
             return "make data"
     except UserError:
         pass

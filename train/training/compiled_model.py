@@ -2,7 +2,8 @@
 planned precision policy, distribution strategy, XLA and steps per execution.
 
 With pipeline.augment: device the model starts with the augmentation layer
-(augment.DeviceAugment), so the saved model holds it too.
+(augment.DeviceAugment), so the saved model holds it too. A text model (task: text) takes the token
+ids of train/text/pipeline.py; run_summary.finish saves it behind the dataset's TextVectorization too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ def learning_rate(cfg: Config, replicas: int, total_steps: int | None = None):
     return peak
 
 
+def text_input(cfg: Config, spec):
+    """What a text model's inputs look like for this run (train/text/model.py's TokenInput)."""
+    from train.text.model import TokenInput
+
+    knobs = cfg.text.pipeline
+    return TokenInput(spec.vocab_size, spec.max_length, knobs.batching == "pack", knobs.max_segments)
+
+
 def build_model(
     cfg: Config,
     spec: DatasetSpec,
@@ -35,9 +44,15 @@ def build_model(
 ) -> keras.Model:
     """The compiled model of `cfg` under its precision policy and distribution strategy."""
     keras.mixed_precision.set_global_policy(choices.precision)
-    shape = pipeline.image_shape(spec, cfg.pipeline)
+    packed = cfg.task == "text" and cfg.text.pipeline.batching == "pack"
+    if cfg.task == "text":
+        shape = text_input(cfg, spec)
+    else:
+        shape = pipeline.image_shape(spec, cfg.pipeline)
 
     def build():
+        if cfg.task == "text":
+            return models.build_model(cfg.model.name, shape, spec.num_classes, cfg.model.params)
         model = models.build_model(cfg.model.name, shape, spec.num_classes, cfg.model.params)
         if cfg.pipeline.augment != "device" or not cfg.pipeline.transforms:
             return model
@@ -59,7 +74,9 @@ def build_model(
         model.compile(
             optimizer=models.optimizer(learning_rate(cfg, strategy.num_replicas_in_sync, total_steps)),
             loss=models.loss(),
-            metrics=models.metrics(),
+            # packed rows carry a weight per segment slot: 0 where a row holds fewer texts than max_segments
+            metrics=None if packed else models.metrics(),
+            weighted_metrics=models.metrics() if packed else None,
             jit_compile=choices.jit_compile,
             steps_per_execution=choices.steps_per_execution,
         )

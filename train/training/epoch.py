@@ -22,18 +22,21 @@ def evaluate(model: keras.Model, dataset: tf.data.Dataset, watchdog=None) -> dic
     """One pass over the validation split with the run's loss and metrics (train/models.py): val_loss, val_<metric>."""
     loss_fn, metrics = models.loss(), models.metrics()
 
-    @tf.function
-    def logits_and_loss(images, labels):
-        logits = model(images, training=False)
-        return logits, tf.reduce_sum(loss_fn.call(labels, logits))
+    @tf.function(reduce_retracing=True)  # text batches come in several shapes (buckets, last partial batches)
+    def logits_and_loss(inputs, labels, weights):
+        logits = model(inputs, training=False)
+        return logits, tf.reduce_sum(loss_fn.call(labels, logits) * weights), tf.reduce_sum(weights)
 
-    total, loss_sum = 0, 0.0
-    for index, (images, labels) in enumerate(dataset):
-        logits, loss = logits_and_loss(images, labels)
+    total, loss_sum = 0.0, 0.0
+    for index, batch in enumerate(dataset):
+        # (inputs, labels), or packed text rows: (inputs, labels, weights), a weight per segment slot
+        inputs, labels = batch[0], batch[1]
+        weights = batch[2] if len(batch) == 3 else tf.ones(tf.shape(labels), tf.float32)
+        logits, loss, count = logits_and_loss(inputs, labels, weights)
         loss_sum += float(loss)
         for metric in metrics:
-            metric.update_state(labels, logits)
-        total += int(labels.shape[0])
+            metric.update_state(labels, logits, sample_weight=weights if len(batch) == 3 else None)
+        total += float(count)
         if watchdog is not None:
             watchdog.on_test_batch_end(index)
     return {"val_loss": loss_sum / total, **{f"val_{m.name}": float(m.result()) for m in metrics}}

@@ -15,6 +15,7 @@ from step_doctor.callbacks import StepTraceProfiler
 from train.config import Config
 from train.core import files
 from train.core.errors import Stopped
+from train.measure import text_throughput
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.throughput import StepTimer
 from train.training import checkpoint, compiled_model, epoch, guards, plan, run_summary
@@ -91,11 +92,19 @@ class Callbacks:
                 ),
             )
         self.epoch_end = epoch.EpochEnd(setup.run_dir, val_ds, self.watchdog)
+        # text: tokens, padding, shapes and compiles per step (the training dataset ends in counter.wrap)
+        self.counter = self.text = None
+        if cfg.task == "text":
+            self.counter = text_throughput.TokenCounter()
+            self.text = text_throughput.TextFigures(
+                self.counter, self.warmup, setup.run_dir / "train", setup.choices.jit_compile
+            )
         self.stopper = guards.GracefulStop(self.saver, steps, epochs, start_step=done_steps)
         ordered = [
             self.guard,
             self.profiler,
             self.timer,
+            self.text,
             self.epoch_end,
             self.saver,
             self.monitor,
@@ -118,7 +127,7 @@ class Callbacks:
 
     def stopped(self):
         """After a stop request ended `fit` early: close the profile window and flush the event files."""
-        for callback in (self.profiler, self.monitor, self.epoch_end):
+        for callback in (self.profiler, self.monitor, self.epoch_end, self.text):
             if callback is not None:
                 callback.on_train_end()
 
@@ -146,6 +155,9 @@ def train(setup: RunSetup, log=print) -> dict:
         )
     done_steps = start_epoch * steps + start_step
     callbacks = Callbacks(setup, done_steps, history, log, setup.build(spec.val_files, training=False))
+    xla_dump = None
+    if cfg.task == "text" and setup.choices.jit_compile and setup.task.is_chief:
+        xla_dump = text_throughput.start_xla_dump(setup.run_dir)
     started = time.perf_counter()
     try:
         callbacks.start()
@@ -155,6 +167,8 @@ def train(setup: RunSetup, log=print) -> dict:
             train_ds = setup.build(spec.train_files, training=True)
             if done_steps:
                 train_ds = train_ds.skip(done_steps)  # the batches already trained on, in the same order
+            if callbacks.counter is not None:
+                train_ds = callbacks.counter.wrap(train_ds)
             segment = model.fit(
                 train_ds,
                 initial_epoch=initial_epoch,
@@ -186,7 +200,15 @@ def train(setup: RunSetup, log=print) -> dict:
     utilization = None
     if callbacks.sampler is not None:
         utilization = callbacks.sampler.summary(since=callbacks.timer.steady_since or 0.0)
-    result = run_summary.summary(setup, model, history, callbacks.timer.summary(), wall, callbacks.warmup, utilization)
+    text = None
+    if callbacks.text is not None:
+        text = callbacks.text.summary(text_throughput.count_xla_compiles(xla_dump))
+    result = run_summary.summary(
+        setup, model, history, callbacks.timer.summary(), wall, callbacks.warmup, utilization, text=text
+    )
+    if text is not None:
+        points = [(f"text/run_{key}", text[key], 0) for key in text_throughput.SCALARS if text.get(key) is not None]
+        files.write_scalars(setup.run_dir / "train", points, ".text_run")
     if cfg.pipeline.skip_corrupt:
         files.write_scalars(setup.run_dir / "train", [("data/skipped_records", len(setup.skipped), 0)], ".data")
     return run_summary.finish(setup, model, result, log=log)

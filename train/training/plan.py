@@ -25,6 +25,7 @@ from train.config import Config, PipelineConfig, TrainConfig
 from train.core.errors import UserError
 from train.input import pipeline
 from train.shards.spec import DatasetSpec
+from train.text import pipeline as text_pipeline
 from train.training.devices import Devices
 from train.training.strategy import make_strategy
 
@@ -42,13 +43,22 @@ def resolve(cfg: Config, found: Devices, spec: DatasetSpec) -> tuple[Config, Cho
     """`cfg` with every device- and data-dependent `auto` replaced by the choice for `found` and
     `spec`, and the choices with their reasons."""
     choices = train_choices(cfg.train, found)
-    knobs, reasons = pipeline_choices(cfg.pipeline, spec, gpu=bool(found.gpus))
+    if cfg.task == "text":
+        # the bucket lengths from the built dataset's length histogram, the pack length from its longest text
+        text_knobs, reasons = text_pipeline.resolve(cfg.text.pipeline, spec)
+        if cfg.train.deterministic and not text_knobs.deterministic:
+            text_knobs = dataclasses.replace(text_knobs, deterministic=True)
+        knobs, service = cfg.pipeline, None
+        cfg = dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, pipeline=text_knobs))
+    else:
+        knobs, reasons = pipeline_choices(cfg.pipeline, spec, gpu=bool(found.gpus))
+        if cfg.train.deterministic and not knobs.deterministic:
+            knobs = dataclasses.replace(knobs, deterministic=True)
+        service = knobs.data_service
     choices.reasons.update(reasons)
-    if cfg.train.deterministic and not knobs.deterministic:
-        knobs = dataclasses.replace(knobs, deterministic=True)
     stall = cfg.train.stall_timeout_s
     if stall == "auto":
-        stall, choices.reasons["stall_timeout_s"] = stall_timeout(knobs.data_service)
+        stall, choices.reasons["stall_timeout_s"] = stall_timeout(service)
     train = dataclasses.replace(
         cfg.train,
         precision=choices.precision,
@@ -217,6 +227,12 @@ def plan(cfg: Config, found: Devices, spec: DatasetSpec) -> Plan:
     cfg, choices = resolve(cfg, found, spec)
     strategy = make_strategy(cfg)
     replicas = strategy.num_replicas_in_sync
+    if cfg.task == "text":
+        # rows per batch for pad_max and pad_batch; bucket and pack batches are sized by text.pipeline.token_budget
+        global_batch = cfg.text.pipeline.batch_size * replicas
+        knobs = dataclasses.replace(cfg.text.pipeline, batch_size=global_batch)
+        steps = cfg.train.steps_per_epoch or text_pipeline.steps_per_epoch(knobs, spec)
+        return Plan(cfg, choices, strategy, global_batch, steps)
     check_batch_size(cfg, spec, replicas)
     global_batch = cfg.pipeline.batch_size * replicas
     steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(

@@ -11,6 +11,8 @@ import tensorflow as tf
 from train.config import Config
 from train.input import pipeline
 from train.shards.spec import DatasetSpec
+from train.text import pipeline as text_pipeline
+from train.text.spec import TextSpec
 from train.training.devices import Devices
 from train.training.plan import Choices
 from train.training.task import Task
@@ -19,7 +21,7 @@ from train.training.task import Task
 @dataclasses.dataclass
 class RunSetup:
     cfg: Config  # resolved: no `auto` left that the plan decides
-    spec: DatasetSpec
+    spec: DatasetSpec | TextSpec  # TextSpec when cfg.task is text
     found: Devices
     choices: Choices
     strategy: tf.distribute.Strategy
@@ -31,6 +33,12 @@ class RunSetup:
     resume: dict | None = None
     damaged: dict = dataclasses.field(default_factory=dict)  # shard -> readable records (skip_corrupt)
     skipped: list = dataclasses.field(default_factory=list)
+
+    def describe_pipeline(self) -> str:
+        """One line naming the stages of this run's training pipeline, for logs and reports."""
+        if self.cfg.task == "text":
+            return text_pipeline.describe(self.cfg.text.pipeline, self.spec, self.global_batch)
+        return pipeline.describe(self.cfg.pipeline, self.spec, self.spec.num_train, self.global_batch)
 
     @property
     def replicas(self) -> int:
@@ -47,7 +55,19 @@ class RunSetup:
     def build(
         self, files_, *, training: bool, seed: int | None = None, batch_size: int | None = None
     ) -> tf.data.Dataset:
-        """The pipeline of this run for `files_`, batched at the global batch unless told otherwise."""
+        """The pipeline of this run for `files_`, batched at the global batch unless told otherwise. Text: `files_`
+        are the spec's token shards (train_files or val_files); reader python reads the same split's raw shards."""
+        if self.cfg.task == "text":
+            knobs = self.cfg.text.pipeline
+            training_split = tuple(files_) == tuple(self.spec.train_files)
+            return text_pipeline.build(
+                text_pipeline.input_files(self.spec, knobs, training_split),
+                self.spec,
+                knobs,
+                training=training,
+                batch_size=batch_size or self.global_batch,
+                seed=self.cfg.train.seed if seed is None else seed,
+            )
         return pipeline.build(
             files_,
             self.spec,

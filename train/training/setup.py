@@ -1,6 +1,7 @@
 """One run set-up, whatever loop runs it: everything before the first step.
 
-    config -> the plan (plan.py: every `auto` decided for the detected devices and the dataset,
+    config -> the dataset (images: shards/catalog via sources.py; task: text, train/text/build.py)
+           -> the plan (plan.py: every `auto` decided for the detected devices and the dataset,
               the strategy, the global batch) -> data checked (data_checks.py)
            -> run folder, fresh or where a run stopped, with the resolved config (run_folder.py)
            -> this process's place in the cluster (task.py) -> seeds
@@ -20,8 +21,9 @@ import tensorflow as tf
 
 from train import sources
 from train.config import Config
-from train.input import pipeline
+from train.core.errors import UserError
 from train.shards import integrity
+from train.text import build as text_build
 from train.training import data_checks, devices, run_folder
 from train.training.compiled_model import build_model
 from train.training.plan import Plan, check_batch_size, plan, resolve, warmup_steps
@@ -52,22 +54,32 @@ def prepare(
     cfg: Config, *, config_path: str | None = None, build_hint: str = "make data", fresh: bool = False, log=print
 ) -> RunSetup:
     """Everything before the first step: the plan, data checks, run folder, seeds."""
-    spec = sources.locate(cfg.data, build_hint)
+    if cfg.task == "text":
+        spec = text_build.locate(cfg.text.data, build_hint)
+    else:
+        spec = sources.locate(cfg.data, build_hint)
     found = devices.detect()
     made = plan(cfg, found, spec)
     cfg, choices = made.cfg, made.choices
+    if cfg.task == "text" and cfg.train.strategy == "multi_worker":
+        raise UserError(
+            "train.strategy is multi_worker (set, or `auto` under TF_CONFIG), which is not wired for task: text yet "
+            "(the multi-worker loop builds image pipelines). Train text in one process: unset TF_CONFIG, or set "
+            "train.strategy to default or mirrored."
+        )
     task = current_task() if cfg.train.strategy == "multi_worker" else Task()
     setup = RunSetup(
         cfg, spec, found, choices, made.strategy, task, made.global_batch, made.steps_per_epoch, config_path, build_hint
     )
-    data_checks.verify(cfg, spec, build_hint)
+    if cfg.task == "image":  # a text dataset is checked when built (bad rows, cut texts: its spec counts them)
+        data_checks.verify(cfg, spec, build_hint)
     if task.is_chief:
         setup.resume = run_folder.prepare(cfg, fresh)
         run_folder.save_config(cfg, found, choices)
     else:
         setup.resume = run_folder.resume_point(cfg, fresh)
     _log_setup(setup, log)
-    readable = data_checks.readable(cfg, spec)
+    readable = data_checks.readable(cfg, spec) if cfg.task == "image" else data_checks.Readable()
     setup.damaged, setup.skipped = readable.damaged, readable.skipped
     if setup.skipped:
         log(f"{setup.tag} skip_corrupt: skipping {integrity.describe(setup.skipped)}")
@@ -80,8 +92,7 @@ def prepare(
 def _log_setup(setup: RunSetup, log) -> None:
     cfg, choices, replicas = setup.cfg, setup.choices, setup.replicas
     log(f"{setup.tag} device: {setup.found.describe()}")
-    described = pipeline.describe(cfg.pipeline, setup.spec, setup.spec.num_train, setup.global_batch)
-    log(f"{setup.tag} pipeline: {described}")
+    log(f"{setup.tag} pipeline: {setup.describe_pipeline()}")
     log(
         f"{setup.tag} precision={choices.precision} jit_compile={choices.jit_compile} "
         f"steps_per_execution={choices.steps_per_execution} strategy={choices.strategy}"
@@ -96,4 +107,6 @@ def _log_setup(setup: RunSetup, log) -> None:
 
 def data_error(error: Exception, setup: RunSetup) -> Exception:
     """A clear error naming the damaged shard and record, when the data is what failed."""
+    if setup.cfg.task == "text":
+        return error
     return data_checks.data_error(error, setup.spec, setup.build_hint)

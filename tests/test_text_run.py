@@ -1,0 +1,192 @@
+"""The text task through the same commands as images: `python -m train fit` with a text preset trains, writes
+its summary with the text figures (real tokens/s, padding share, shapes) and a model that serves raw strings;
+`compare` with the text presets writes its report with the text columns; bench, sweep-batch and tune refuse a
+text preset with a clear error."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli, set_args
+
+# A small run of a text preset: the narrowest small Transformer, no profile or sampler unless a test wants them.
+TEXT_SHORT = [
+    "train.epochs=2",
+    "model.name=text_small",
+    "model.dim=8",
+    "model.feed_forward=16",
+    "text.pipeline.token_budget=4096",
+    "monitor.enabled=false",
+    "checkpoint.enabled=false",
+]
+
+
+def tiny_text(data_dir: Path) -> list[str]:
+    return [
+        f"text.data.data_dir={data_dir}",
+        "text.data.num_train=192",
+        "text.data.num_val=48",
+        "text.data.num_shards=2",
+        "text.data.max_tokens=3000",
+    ]
+
+
+def write_corpus_csv(path: Path, count: int) -> Path:
+    """`count` rows of the built-in corpus (a learnable label) as a CSV with its own column names."""
+    from train.text.corpus import Corpus, CorpusShape
+
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["body", "topic"])
+        for text, label in Corpus(CorpusShape(), seed=3).examples("train", count):
+            writer.writerow([text, f"topic_{label}"])
+    return path
+
+
+def test_a_text_preset_is_a_config_like_any_other(tmp_path):
+    from train import config
+    from train.core.errors import UserError
+
+    cfg = config.load(ROOT / "configs/text/optimized.yaml", layers=[ROOT / "configs/text/cpu.yaml"])
+    assert (cfg.task, cfg.name, cfg.model.name) == ("text", "text_optimized", "text_small")
+    assert (cfg.text.pipeline.reader, cfg.text.pipeline.batching) == ("tfrecord", "bucket")
+    config.save(cfg, tmp_path / "config.yaml")
+    assert config.load(tmp_path / "config.yaml") == cfg  # saved into each run, read back unchanged
+    assert config.load(ROOT / "configs/optimized.yaml").task == "image"
+    with pytest.raises(UserError, match=r"unknown key 'text\.pipeline\.bucket_size'.*Valid keys under"):
+        config.load(ROOT / "configs/text/naive.yaml", ["text.pipeline.bucket_size=3"])
+    with pytest.raises(UserError, match=r"'task' must be 'image' or 'text', got 'audio'"):
+        config.load(ROOT / "configs/text/naive.yaml", ["task=audio"])
+    with pytest.raises(UserError, match=r"'text\.pipeline\.token_budget' is 100 but must be >= data\.max_length"):
+        config.load(ROOT / "configs/text/naive.yaml", ["text.pipeline.token_budget=100"])
+
+
+def test_commands_that_measure_only_images_refuse_a_text_preset():
+    from train.cli import benchmarks, build_parser
+    from train.core.errors import UserError
+
+    for argv in (
+        ["bench", "--naive", "configs/text/naive.yaml", "--optimized", "configs/text/optimized.yaml"],
+        ["tune", "--config", "configs/text/optimized.yaml"],
+    ):
+        with pytest.raises(UserError, match=r"make compare TASK=text.*make ladder TASK=text"):
+            benchmarks.benchmark_options(build_parser().parse_args(argv))
+
+
+def test_own_csv_trains_with_the_optimized_preset_and_serves_raw_strings(tmp_path):
+    """A few hundred generated CSV rows, `python -m train fit` with the optimized text preset (in this process)."""
+    import keras
+    import numpy as np
+
+    from train.cli import main
+
+    path = write_corpus_csv(tmp_path / "topics.csv", 300)
+    sets = TEXT_SHORT + [
+        "train.epochs=1",
+        f"text.data.source=csv:{path}",
+        "text.data.text_key=body",
+        "text.data.label_key=topic",
+        f"text.data.data_dir={tmp_path / 'shards'}",
+        "text.data.max_tokens=3000",
+        "text.data.num_shards=2",
+        f"runs_dir={tmp_path / 'runs'}",
+        "profile.enabled=false",
+    ]
+    assert main(["data", "--config", "configs/text/optimized.yaml", *set_args(sets)]) == 0
+    assert main(["fit", "--config", "configs/text/optimized.yaml", *set_args(sets)]) == 0
+    run = tmp_path / "runs" / "text_optimized"
+    summary = json.loads((run / "summary.json").read_text())
+    text = summary["text"]
+    assert summary["task"] == "text" and summary["dataset"]["num_classes"] == 4
+    assert text["real_tokens_per_s"] > 0 and text["padded_slots_per_s"] >= 0
+    assert text["padding_share"] < 0.3  # length buckets; padding to 512 would waste about 69 %
+    assert 1 <= text["distinct_shapes"] == len(text["shapes"]) <= 10
+    assert text["jit_compile"] is False and text["xla_compiles"] is None  # no XLA on a CPU (plan.py)
+    assert summary["examples_per_sec"] == pytest.approx(text["texts_per_s"])
+    assert "bucket(" in summary["pipeline"] and summary["val_accuracy"] is not None
+    saved = (run / "config.yaml").read_text()
+    assert "task: text" in saved and "batching: bucket" in saved and "bucket_lengths:\n" in saved  # resolved
+    assert any(p.name.endswith(".text") for p in (run / "train").iterdir())  # the text/* TensorBoard scalars
+
+    serving = keras.models.load_model(run / "serving.keras")
+    logits = serving(np.array(["a short text", "another text, a little longer than the first one"]))
+    assert tuple(logits.shape) == (2, 4)
+
+
+@pytest.mark.slow
+def test_compare_text_reports_tokens_padding_and_shapes(tmp_path_factory):
+    """`compare` with the text presets on a tiny corpus (two runs in fresh processes, as `make compare TASK=text`)."""
+    out = tmp_path_factory.mktemp("text-compare")
+    # one epoch, no profile: the profile's input wait and compare's diagnosis are the image compare's code
+    sets = TEXT_SHORT + tiny_text(out / "shards") + ["train.epochs=1", "profile.enabled=false"]
+    presets = ["--naive", "configs/text/naive.yaml", "--optimized", "configs/text/optimized.yaml"]
+    result = run_cli("compare", *presets, "--out", str(out / "compare"), *set_args(sets), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "configs/text/cpu.yaml" in result.stdout  # the text CPU scenario: the small Transformer
+    assert "real (non-padding) tokens/s" in result.stdout and "speedup" in result.stdout
+    report = json.loads((out / "compare" / "report.json").read_text())
+    assert report["task"] == "text" and report["speedup_of"] == "real_tokens_per_s"
+    naive, optimized = report["runs"]["naive"], report["runs"]["optimized"]
+    assert naive["distinct_shapes"] == 1 and naive["padding_share_percent"] > 50  # everything padded to 512
+    assert optimized["padding_share_percent"] < 30 and optimized["distinct_shapes"] > 1
+    assert naive["xla_compiles"] == "XLA off" and naive["val_accuracy"] is not None
+    markdown = (out / "compare" / "report.md").read_text()
+    for column in ("| real (non-padding) tokens/s |", "| padding share |", "| distinct input shapes |"):
+        assert column in markdown
+    assert (out / "compare" / "report.png").stat().st_size > 10_000
+
+
+def test_the_text_ladder_is_the_default_for_a_text_preset():
+    from train import scenario
+    from train.benchmarks import ladder
+
+    rungs = ladder.load_ladder(ROOT / "configs/ladder/text.yaml")
+    assert [rung["name"] for rung in rungs["rungs"]][:5] == [
+        "tokenize once",
+        "parallel reads + parse",
+        "cache + shuffle",
+        "length buckets",
+        "prefetch",
+    ]
+    cpu = scenario.Scenario([str(ROOT / "configs/text/cpu.yaml")], "")
+    assert ladder.default_ladder(cpu, "text") == ROOT / "configs/ladder/text.yaml"
+    assert ladder.default_ladder(cpu, "image") == ROOT / "configs/ladder/ladder.yaml"
+
+
+SHORT_TEXT_LADDER = {
+    "start": str(ROOT / "configs/text/naive.yaml"),
+    "rungs": [
+        {"name": "tokenize once", "set": {"text.pipeline.reader": "tfrecord"}},
+        {"name": "length buckets", "set": {"text.pipeline.batching": "bucket", "text.pipeline.cache": True}},
+    ],
+}
+
+
+@pytest.mark.long
+def test_the_text_ladder_measures_its_rungs_in_real_tokens(tmp_path_factory):
+    """`ladder` with the text presets (as `make ladder TASK=text`), two of the shipped rungs, short trials."""
+    import yaml
+
+    out = tmp_path_factory.mktemp("text-ladder")
+    rungs = out / "ladder.yaml"
+    rungs.write_text(yaml.safe_dump(SHORT_TEXT_LADDER))
+    sets = tiny_text(out / "shards") + ["model.dim=8", "model.feed_forward=16", "text.pipeline.token_budget=4096"]
+    presets = ["--naive", "configs/text/naive.yaml", "--optimized", "configs/text/optimized.yaml"]
+    result = run_cli(
+        "ladder",
+        *presets,
+        *("--ladder", str(rungs), "--out", str(out / "ladder"), "--trials", "2", "--seconds", "0.1"),
+        *set_args(sets),
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "ladder" / "ladder.json").read_text())
+    assert report["unit"] == "real tokens/s"
+    assert [row["name"] for row in report["rungs"]] == ["tokenize once", "length buckets"]
+    assert all(row["examples_per_sec"]["median"] > 0 for row in report["rungs"])
+    assert "bucket(" in report["rungs"][1]["pipeline"] and report["end_to_end"]["median"] > 0
+    assert "| # | rung | real tokens/s" in (out / "ladder" / "ladder.md").read_text()
