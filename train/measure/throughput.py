@@ -19,9 +19,12 @@ from train.core import files
 class StepTimer(StepCallback):
     """Times every training execution; writes examples/s and step time per epoch to TensorBoard."""
 
-    def __init__(self, global_batch: int, warmup_steps: int, logdir: Path | None = None):
+    def __init__(self, global_batch: int, warmup_steps: int, logdir: Path | None = None, fixed_batch: bool = True):
         super().__init__()
         self.batch_size = global_batch
+        # Bucketed or packed text batches hold different numbers of examples: examples/s from the nominal
+        # batch would be wrong, so only the step time is written (the text figures count what was consumed).
+        self.fixed_batch = fixed_batch
         self.warmup_steps = warmup_steps
         self.logdir = logdir
         self.records: list[tuple[int, int, float]] = []  # (epoch, steps, seconds) after warm-up
@@ -51,7 +54,8 @@ class StepTimer(StepCallback):
             return
         steps, seconds = sum(r[1] for r in rows), sum(r[2] for r in rows)
         with self._writer.as_default(step=epoch):
-            tf.summary.scalar("examples_per_sec", steps * self.batch_size / seconds)
+            if self.fixed_batch:
+                tf.summary.scalar("examples_per_sec", steps * self.batch_size / seconds)
             tf.summary.scalar("step_time_ms", 1000 * seconds / steps)
         self._writer.flush()
 

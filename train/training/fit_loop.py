@@ -57,7 +57,7 @@ class Callbacks:
         steps, epochs = setup.steps_per_epoch, cfg.train.epochs
         self.warmup = plan.warmup_steps(cfg.train.warmup_steps, steps, epochs - done_steps // steps)
         self.guard = guards.NanGuard(done_steps)
-        self.timer = StepTimer(setup.global_batch, self.warmup, setup.run_dir / "train")
+        self.timer = StepTimer(setup.global_batch, self.warmup, setup.run_dir / "train", fixed_batch=cfg.task != "text")
         self.profiler = None
         if cfg.profile.enabled:
             start = _profile_window(cfg, steps * epochs - done_steps, setup.choices.steps_per_execution)
