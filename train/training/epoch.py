@@ -25,7 +25,9 @@ def evaluate(model: keras.Model, dataset: tf.data.Dataset, watchdog=None) -> dic
     @tf.function(reduce_retracing=True)  # text batches come in several shapes (buckets, last partial batches)
     def logits_and_loss(inputs, labels, weights):
         logits = model(inputs, training=False)
-        return logits, tf.reduce_sum(loss_fn.call(labels, logits) * weights), tf.reduce_sum(weights)
+        # A model of the forker's may end in bfloat16/float16 logits under mixed precision: sum the loss in float32.
+        losses = tf.cast(loss_fn.call(labels, logits), tf.float32)
+        return logits, tf.reduce_sum(losses * weights), tf.reduce_sum(weights)
 
     total, loss_sum = 0.0, 0.0
     for index, batch in enumerate(dataset):
