@@ -178,7 +178,7 @@ def test_ctrl_c_on_the_launcher_stops_every_worker_after_one_step_with_a_checkpo
         launcher.wait(timeout=30)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(360)
 def test_without_the_launcher_a_worker_whose_peer_dies_stops_with_a_clear_error(tiny_data_dir, tmp_path):
     """As on real hosts: nothing watches the workers, the survivor must notice by itself."""

@@ -237,7 +237,7 @@ def mirrored_command(tiny_data_dir: Path, runs: Path, name: str, *extra: str) ->
     return fit_command(items, name=name)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_mirrored_mixed_float16_over_two_logical_cpus_with_xla_recorded_off(tiny_data_dir, tmp_path):
     """XLA cannot compile a step mirrored over logical CPUs (each replica's variables live on another CPU
     device: "Trying to access resource ... located in device CPU:1 from device CPU:0"); the run turns it off

@@ -348,7 +348,7 @@ def test_the_trainer_exits_2_on_a_broken_pod_env_so_the_job_fails_at_once():
 # --- rehearsed on this machine ----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_the_pods_rehearsed_locally_train_to_identical_weights_and_stop_when_the_data_service_is_lost(
     tiny_data_dir, tmp_path, processes

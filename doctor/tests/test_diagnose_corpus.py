@@ -227,7 +227,9 @@ class _Descheduled(keras.callbacks.Callback):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["numpy_function_map", "generator_python_decode"])
+@pytest.mark.parametrize(
+    "case", ["numpy_function_map", pytest.param("generator_python_decode", marks=pytest.mark.long)]
+)
 def test_a_process_descheduled_mid_step_is_a_stall_not_per_step_overhead(tmp_path, case):
     """Two steps of ten stopped for 0.15 s each (the process descheduled by other load): without telling that time
     apart, it is per-step overhead, and a larger batch (small-batch) outranks the planted cause. The diagnosis must

@@ -199,7 +199,7 @@ def test_a_tf_keras_script_gets_the_same_capture(tmp_path):
     assert document["capture"]["processes"][0]["mode"] == "keras-fit"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_script_that_starts_its_own_profiler_during_the_window_gets_its_session(tmp_path):
     own = FIT.replace(
         "model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)",
@@ -245,7 +245,7 @@ def test_a_script_that_fails_after_the_window_is_diagnosed_and_keeps_its_status(
     assert f"`{sys.executable} {name}` exited with status 1 after" in paragraph and "diagnosed above" in paragraph
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_script_that_ends_before_the_window_suggests_steps(tmp_path):
     unknown_length = FIT.replace("steps_per_epoch=steps", "steps_per_epoch=None").replace(
         ".repeat()",
@@ -258,7 +258,7 @@ def test_a_script_that_ends_before_the_window_suggests_steps(tmp_path):
     assert "Keras fit ran 4 step(s) (steps 0-3)" in paragraph and "--steps 1-3" in paragraph
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_script_killed_by_sigterm_before_the_window(tmp_path):
     name = script(
         tmp_path,

@@ -29,7 +29,7 @@ LOOP_PLANTED = {  # the custom-loop scripts and the user's own TensorBoard callb
 ALL_PLANTED = {**PLANTED, **LOOP_PLANTED}
 # `make test` runs a Keras fit script and the two custom loops through the CLI (the in-process corpus covers every
 # planted cause in the fast tests, and the own-TensorBoard case has its own test below); `make test-long`, all.
-MAKE_TEST = {"numpy_function_map", "mirrored_loop_generator"}
+MAKE_TEST = {"numpy_function_map"}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_profile_names_the_planted_cause_first(corpus_files, tmp_path, monkeypat
         assert item["steps_inferred"] and item["profile"]["step_source"] == "executions of the train function"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_profile_keeps_one_session_when_the_script_has_its_own_tensorboard_profiler(corpus_files, tmp_path):
     document = profile_script("own_tensorboard_numpy_function", corpus_files, tmp_path)
     notes = [note for p in document["capture"]["processes"] for note in p["notes"]]
