@@ -73,7 +73,11 @@ def test_make_it_yours_walkthrough_trains_and_reports_and_the_fast_tests_still_p
     section = follow_make_it_yours(fork, images)
     # Steps 4 and 5, the commands as the README gives them (using this checkout's installed .venv).
     # A fresh shell's make: not the variables (ARGS=...) of a `make test` this test may run under.
-    env = {k: v for k, v in child_env(fork).items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    env = {
+        k: v
+        for k, v in child_env(fork).items()
+        if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "ARGS")
+    }
     make = ["make", "--no-print-directory", f"VENV={Path(sys.executable).parent.parent}", "STAMP="]
     targets = list(dict.fromkeys(re.findall(r"`make (data|compare)`", section)))
     assert targets == ["data", "compare"]
