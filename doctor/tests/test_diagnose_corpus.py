@@ -147,7 +147,8 @@ def test_every_structural_fix_the_tree_shows_is_found(profiled):
     assert len(listed) == len(set(listed)) and {(found[c].cause, found[c].stage) for c in three} <= set(listed)
     decoded = _only_run(profiled("numpy_function_map_fixed"))  # decode + resize in a parallel map, no cache
     assert "decode-every-epoch" in _structural(decoded)  # found in the tree
-    already = [Recommendation.from_dict(r) for r in decoded["recommendations"]]
+    # listed as a fix where the run is input-bound, as a latent note where it is not (the machine's speed decides)
+    already = [Recommendation.from_dict(r) for r in decoded["recommendations"] + decoded["latent"]]
     assert "decode-every-epoch" not in _structural(decoded, already)  # and not listed twice
 
 
