@@ -234,7 +234,7 @@ def test_the_ladders_distribution_rung_really_distributes_over_two_logical_cpus(
     assert "over 2 replicas" in row["pipeline"]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_compare_keeps_a_failed_runs_exit_3_instead_of_calling_it_a_config_error(tiny_data_dir, tmp_path):
     # A stall watchdog of 10 ms fires during the first (compiling) step: the run fails with exit 3.
     result = run_cli(

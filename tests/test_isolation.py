@@ -31,7 +31,7 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_variant_that_is_not_being_measured_uses_no_cpu(tiny_data_dir):
     """Under the old harness an idle variant's tf.data threads kept refilling its buffers during the other's
     trial (measured: up to 0.64 of a core of 2 in the larger-than-memory scenario)."""
@@ -55,7 +55,7 @@ def test_worker_failures_are_told_apart_by_kind():
     assert worker.classify(TypeError("a bug")) == "bug"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_bug_in_a_worker_is_raised_as_a_bug_not_as_a_failed_variant(tiny_data_dir):
     with isolated.IsolatedVariant("a", tiny_config(tiny_data_dir), log=None) as variant:
         with pytest.raises(isolated.WorkerBug, match="TypeError"):

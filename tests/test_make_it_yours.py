@@ -65,8 +65,11 @@ def follow_make_it_yours(fork: Path, images: Path) -> str:
     return section
 
 
+# make test: the walk-through to `make data` and the fast tests that train there; make test-long: `make compare`
+# in the fork too, then every fast test.
 @pytest.mark.slow
-def test_make_it_yours_walkthrough_trains_and_reports_and_the_fast_tests_still_pass(tmp_path):
+@pytest.mark.parametrize("compare", [False, pytest.param(True, marks=pytest.mark.long)], ids=["data", "compare"])
+def test_make_it_yours_walkthrough_trains_and_reports_and_the_fast_tests_still_pass(tmp_path, compare):
     fork = _fork(tmp_path)
     # Step 2: a folder of images per class (about 300 training images).
     images = make_image_folder(tmp_path / "my_images", per_class=110)
@@ -81,22 +84,23 @@ def test_make_it_yours_walkthrough_trains_and_reports_and_the_fast_tests_still_p
     make = ["make", "--no-print-directory", f"VENV={Path(sys.executable).parent.parent}", "STAMP="]
     targets = list(dict.fromkeys(re.findall(r"`make (data|compare)`", section)))
     assert targets == ["data", "compare"]
-    for target in targets:
+    for target in targets[: len(targets) if compare else 1]:
         result = subprocess.run(make + [target], cwd=fork, env=env, capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, target + result.stdout[-3000:] + result.stderr[-3000:]
         if target == "data":
             assert "Built: imagefolder_my_images" in result.stdout and "3 classes" in result.stdout
-    report = json.loads((fork / "runs/compare/report.json").read_text())
-    assert report["dataset"]["num_classes"] == 3
-    assert report["runs"]["optimized"]["val_accuracy"] is not None
-    assert (fork / "runs/compare/report.md").exists() and (fork / "runs/compare/report.png").exists()
+    if compare:
+        report = json.loads((fork / "runs/compare/report.json").read_text())
+        assert report["dataset"]["num_classes"] == 3
+        assert report["runs"]["optimized"]["val_accuracy"] is not None
+        assert (fork / "runs/compare/report.md").exists() and (fork / "runs/compare/report.png").exists()
     # Without a GPU, compare swaps in the CPU scenario's tiny model; the presets themselves name the forker's.
     named = "from train import config; c = config.load('configs/optimized.yaml'); print(c.model.name, c.model.params)"
     loaded = subprocess.run([sys.executable, "-c", named], cwd=fork, env=env, capture_output=True, text=True)
     assert loaded.stdout.startswith("my_cnn {"), loaded.stdout + loaded.stderr[-2000:]
     # The fast tests that build the tiny dataset and train, in the fork: they train on the built-in data and the
-    # tiny model, whatever configs/base.yaml now says (all of them in the fork: the long test below).
-    _fast_tests_pass(fork, env, FIXTURE_TESTS)
+    # tiny model, whatever configs/base.yaml now says (every fast test under make test-long).
+    _fast_tests_pass(fork, env, ["tests"] if compare else FIXTURE_TESTS)
 
 
 # The modules whose fixtures build the tiny dataset from the configs and train on it: what a fork's edits to
@@ -114,10 +118,3 @@ def _fast_tests_pass(fork: Path, env: dict, paths: list[str]) -> None:
         timeout=900,
     )
     assert tests.returncode == 0, tests.stdout[-4000:]
-
-
-@pytest.mark.long
-def test_every_fast_test_passes_in_a_fork_that_made_it_its_own(tmp_path):
-    fork = _fork(tmp_path)
-    follow_make_it_yours(fork, make_image_folder(tmp_path / "my_images", per_class=110))
-    _fast_tests_pass(fork, child_env(fork), ["tests"])

@@ -112,7 +112,7 @@ COMPILES = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_xla_compiles_once_per_bucket(tmp_path):
     dump = tmp_path / "xla"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": f"--xla_dump_to={dump}", "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -225,7 +225,7 @@ def test_a_script_that_starts_its_own_profiler_during_the_window_gets_its_sessio
 # ---- slow: failures of scripts that import TensorFlow ---------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_script_that_never_trains_says_so_and_how_long_it_ran(tmp_path):
     name = script(tmp_path, "import tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones(3))))\n")
     done = profile(tmp_path, "--", sys.executable, name)
@@ -235,7 +235,7 @@ def test_a_script_that_never_trains_says_so_and_how_long_it_ran(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_script_that_fails_after_the_window_is_diagnosed_and_keeps_its_status(tmp_path):
     name = script(tmp_path, FIT + "\nraise SystemExit('my script failed after training')\n")
     done = profile(tmp_path, "--logdir", "logs", "--", sys.executable, name)

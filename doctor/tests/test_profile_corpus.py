@@ -86,7 +86,7 @@ def test_profile_keeps_one_session_when_the_script_has_its_own_tensorboard_profi
     assert list((tmp_path / "logs" / "user_pipelines").rglob("*.xplane.pb"))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_profile_of_the_fine_pipeline_is_not_input_bound(corpus_files, tmp_path):
     item = only_run(profile_script("already_fine", corpus_files, tmp_path))
     assert item["verdict"] != "input-bound" and item["profile"]["input_bound_percent"] < 5
