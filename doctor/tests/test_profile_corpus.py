@@ -102,7 +102,9 @@ def test_two_multi_worker_processes_get_one_verdict_each(corpus_files, tmp_path)
     document = profile_script("multi_worker_generator", corpus_files, tmp_path, timeout=500)
     assert set(document["runs"]) == {"worker-0", "worker-1"}
     for item in document["runs"].values():
-        assert item["verdict"] not in ("unknown", "unreadable") and item["recommendations"]
+        assert item["verdict"] not in ("unknown", "unreadable")
+        # whether the generator keeps up with the two workers' steps is the machine's: starved, it is named
+        assert item["verdict"] != "input-bound" or item["recommendations"]
     workers = [p for p in document["capture"]["processes"] if (p.get("run") or "").startswith("worker-")]
     assert {p["run"] for p in workers if (p.get("capture") or {}).get("state") == "done"} == {"worker-0", "worker-1"}
     assert all(p["consume_fix"]["loaded"] for p in workers), [p["consume_fix"] for p in workers]
