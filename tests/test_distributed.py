@@ -42,7 +42,7 @@ def sets_args(items: list[str]) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_mirrored_over_two_logical_cpus_matches_one_device(tiny_data_dir, tmp_path):
     # Without augmentation: distributing a dataset rebatches it, so batch-indexed augmentation draws
     # differ between the runs; what is compared here is the strategy's arithmetic.

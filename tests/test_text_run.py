@@ -117,7 +117,7 @@ def test_own_csv_trains_with_the_optimized_preset_and_serves_raw_strings(tmp_pat
     assert tuple(logits.shape) == (2, 4)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_compare_text_reports_tokens_padding_and_shapes(tmp_path_factory):
     """`compare` with the text presets on a tiny corpus (two runs in fresh processes, as `make compare TASK=text`)."""
     out = tmp_path_factory.mktemp("text-compare")
