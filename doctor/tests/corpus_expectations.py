@@ -50,6 +50,8 @@ from pathlib import Path
 
 import yaml
 
+from step_doctor.diagnose import xla
+
 FILE = Path(__file__).with_name("corpus_expectations.yaml")
 TOLERANCE = 10.0  # points of step time removed by the first fix ...
 RATIO = 1.6  # ... or this factor on it, whichever is wider: a share of step time swings that much under load
@@ -113,6 +115,8 @@ def mismatches(expected: dict, item: dict) -> list[str]:
         found.append(f"verdict {item['verdict']!r}, recorded {expected['verdicts']}")
     if any(note.startswith("Unseen producers") for note in item.get("notes", ())):
         return found  # TensorFlow 2.17 lost part of the trace: the diagnosis says so; ranks are not comparable
+    if any(note.startswith(xla.UNRECORDED) for note in item.get("notes", ())):
+        return found  # TensorFlow 2.17's XLA on a CPU records nothing: no gain is estimated (diagnose/xla.py)
     cause, gain = _first(item)
     allowed = _listed(expected["first"])
     # Where the record saw several first causes (a pipeline with nothing planted), all of them small, which small

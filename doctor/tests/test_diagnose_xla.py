@@ -80,6 +80,17 @@ def warm(tmp_path_factory) -> Path:
     return _capture(tmp_path_factory.mktemp("warm"), [16, 32], start_step=4, steps=4)
 
 
+def _recorded(capture: Path) -> None:
+    """Skip where this TensorFlow's XLA records no event on a CPU (2.17, the container stack): what these tests read
+    is not there; test_an_xla_that_records_no_event_says_so checks that stack."""
+    trace = hosttrace.load(capture)
+    try:
+        if not trace.xla_runs and not trace.xla_compiles:
+            pytest.skip(f"TensorFlow {tf.__version__}'s XLA records no event on a CPU")
+    finally:
+        trace.close()
+
+
 def _only(logdir: Path) -> dict:
     (item,) = diagnose.diagnose(logdir)["runs"].values()
     return item
@@ -105,6 +116,7 @@ def _gpu_shaped(base: Path, out: Path, renamed: dict) -> Path:
 
 
 def test_a_step_compiled_for_every_new_shape_on_cpu(churning):
+    _recorded(churning)
     item = _only(churning.parents[3])
     wait = item["profile"]["input_pipeline"]
     seen = wait["xla"]
@@ -117,6 +129,7 @@ def test_a_step_compiled_for_every_new_shape_on_cpu(churning):
 def test_gpu_shaped_xla_steps_count_their_kernels_as_device_compute_and_compiling_as_host_time(churning, tmp_path):
     """The GPU's kernels (named after fusions) are the device's compute; GpuCompiler's events are compile time, which
     leaves the device idle: host-bound, recompilation first, as on the CPU."""
+    _recorded(churning)
     path = _gpu_shaped(churning, tmp_path, ON_A_GPU)
     item = _only(path.parents[3])
     profile, wait = item["profile"], item["profile"]["input_pipeline"]
@@ -136,6 +149,7 @@ def test_gpu_shaped_xla_steps_count_their_kernels_as_device_compute_and_compilin
 def test_a_trace_without_compile_events_says_what_it_cannot_see(churning, tmp_path):
     """The same GPU-shaped steps from a TensorFlow whose compiler records nothing: XLA still runs the step and the
     shapes still change, but no compile is measured, so no gain is estimated from the step's unexplained time."""
+    _recorded(churning)
     with xspace.XSpaceFile(churning) as space:
         names = hosttrace.host_planes(space)[0].event_names.values()
         unnamed = {name: f"unnamed pass {i}" for i, name in enumerate(names) if tf_names.XLA_COMPILES.match(name)}
@@ -149,6 +163,7 @@ def test_a_trace_without_compile_events_says_what_it_cannot_see(churning, tmp_pa
 
 
 def test_a_window_after_every_compile_names_the_executables_it_ran(warm):
+    _recorded(warm)
     item = _only(warm.parents[3])
     wait = item["profile"]["input_pipeline"]
     seen = wait["xla"]
@@ -159,6 +174,30 @@ def test_a_window_after_every_compile_names_the_executables_it_ran(warm):
     (note,) = [n for n in item["notes"] if "none compiled in the window" in n]
     assert note.startswith("2 XLA executables in the process (compiled for s32[8,16], s32[8,32]")
     assert "XLA: " in rendering.render({"runs": {".": item}})
+
+
+def test_an_xla_that_records_no_event_says_so(churning, warm):
+    """TensorFlow 2.17's XLA on a CPU records neither its runs nor its compiles: the step is one opaque kernel, and
+    all of it but the input wait would read as per-step overhead. diagnose says XLA ran it unrecorded (executables in
+    /host:metadata, no model ops), estimates nothing from its time, and names the shapes that keep changing."""
+    trace = hosttrace.load(churning)
+    try:
+        recorded = bool(trace.xla_runs or trace.xla_compiles)
+    finally:
+        trace.close()
+    if recorded:
+        pytest.skip(
+            f"TensorFlow {tf.__version__}'s XLA records its events: make test-container-stack runs this on 2.17"
+        )
+    for capture, churns in ((churning, True), (warm, False)):
+        item = _only(capture.parents[3])
+        seen = item["profile"]["input_pipeline"]["xla"]
+        assert seen["used"] and seen["recorded"] is False and seen["compiles"] == 0, seen
+        assert all(s.startswith("s32[8,") for s in seen["compiled_shapes"]) and seen["executables"] >= 2, seen
+        causes = {r["cause"] for r in item["recommendations"]}
+        assert not causes & {"recompilation", "small-batch", "per-step-overhead"}, item["recommendations"]
+        (note,) = [n for n in item["notes"] if n.startswith(xla.UNRECORDED)]
+        assert "no gain is estimated" in note and ("compiles the step again" in note) == churns, note
 
 
 def test_the_compiled_shapes_are_read_as_tensorflow_reads_the_hlo_proto(churning):

@@ -265,7 +265,7 @@ def analyze(trace: HostTrace, steps: Steps | None) -> Wait:
     split = stalls.split(step_us, waits_per_step, work["compute_us"].tolist(), gaps, caller)
     split["replicas"] = _replicas(windows, wait_events, roots_of)
     report = _report(steps, stages, step_us, waits_per_step, wait_events, work["compute_us"].tolist(), getnext_floor, n)
-    xla.apply(report, xla.measure(trace, steps))
+    xla.apply(report, xla.measure(trace, steps, report.compute_ms, report.step_ms))
     stalls.apply(report, split)
     report.host_compute_ms = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
     report.device = activity.device_figures(work, n)

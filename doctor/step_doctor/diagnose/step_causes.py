@@ -24,7 +24,7 @@ def per_step_overhead(wait: InputWait, causes: Causes) -> None:
     """Step time that is neither input wait nor the model's ops (nor compiling them): small-batch, else
     per-step-overhead."""
     overhead, batch, step = wait.overhead_ms, wait.batch_size, working_step(wait)
-    if overhead <= 0 or xla.unseen_compiles(wait):  # what the trace cannot tell from compiling (diagnose/xla.py)
+    if overhead <= 0 or xla.unseen_compiles(wait) or xla.unrecorded(wait):  # not told from XLA's time (diagnose/xla.py)
         return
     compiled = " nor compiling them" if wait.compile_ms else ""
     figures = (

@@ -282,6 +282,8 @@ def unbucketed_padding(wait: Wait, share: float | None) -> list[Recommendation]:
             )
         if xla.get("used") and xla.get("churn"):
             said += "; under XLA each new length also compiles the step again (recompilation)"
+        elif xla.get("used") and xla.get("recorded") is False and "new length" in how:
+            said += "; under XLA each new length also compiles the step again (unrecorded in this profile)"
         elif not xla.get("used") and "new length" in how:
             said += "; under XLA (Keras's default where a GPU is present) each new length would compile the step again"
         causes.add(

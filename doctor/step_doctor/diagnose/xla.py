@@ -17,6 +17,11 @@ input shape compiles a new program, inside the step that first meets it. From th
   changing and compiling is a cost of every step (step_causes.recompilation). Where the steps reuse
   a few shapes, the compiles are warm-up, paid once per shape: the steps that compiled are left out
   of the figures (as the first step is), which then describe the steady state, and a note says so.
+- unrecorded: TensorFlow 2.17's XLA on a CPU (measured, at every host_tracer_level) records no event
+  of its own, neither runs nor compiles; the step is one opaque kernel. Where the trace holds no XLA
+  event, the process holds XLA executables (/host:metadata) and the model's ops are under OPAQUE of
+  the step, XLA ran it unseen: its compute, compiling and overhead cannot be told apart, so none is
+  estimated (step_causes.per_step_overhead), and a note says what is missing and what it would take.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ METADATA = "/host:metadata"
 HLO_PROTO = "Hlo Proto"
 SHOWN = 6  # compiled shapes listed
 PARSED = 64  # executables whose HloProto is read, at most
+OPAQUE = 0.05  # model ops under this share of the step, no XLA event, XLA executables in the process: unrecorded XLA
 NONE = {"executables": 0, "modules": 0, "compiled_shapes": [], "shapes_of": {}}
 
 
@@ -146,6 +152,13 @@ def unseen_compiles(wait: Wait) -> bool:
     return bool(xla.get("used")) and not xla["compiles"] and not xla["warm_up"] and xla["shapes"] > CHURN * xla["steps"]
 
 
+def unrecorded(wait: Wait) -> bool:
+    """XLA ran the steps and the trace holds none of its events: the step's time outside input wait is its compute,
+    compiling and overhead together (see the module's docstring)."""
+    xla = figures_of(wait)
+    return bool(xla.get("used")) and xla.get("recorded") is False
+
+
 def compile_spans(trace: HostTrace, lowering: list | None = None) -> list[tuple[float, float]]:
     """When XLA compiled, disjoint and in order: its compile events and the lowering before them (µs)."""
     if not trace.xla_compiles:
@@ -209,10 +222,12 @@ def _programs(trace: HostTrace, windows) -> dict[int, str]:
     return found
 
 
-def executables(space: xspace.XSpaceFile, modules: set[str], ran: set[int]) -> dict:
+def executables(space: xspace.XSpaceFile, modules: set[str], ran: set[int], newest: bool = False) -> dict:
     """The XLA executables alive in the process when the capture ended, of the HLO modules the steps ran or compiled
-    (else of the module with the most), and the input shapes each was compiled for (by program id): those `ran`, and
-    the first compiled, PARSED at most (a step compiled for every shape leaves thousands, 80 KB of HloProto each)."""
+    (else of the module with the most, or with `newest` of the one compiled last: an unrecorded XLA's steps name no
+    module, and tests or notebooks compile other models first), and the input shapes each was compiled for (by
+    program id): those `ran`, and the first compiled, PARSED at most (a step compiled for every shape leaves
+    thousands, 80 KB of HloProto each)."""
     planes = [p for p in space.planes if p.name == METADATA]
     by_module = defaultdict(list)
     for plane in planes:
@@ -222,7 +237,8 @@ def executables(space: xspace.XSpaceFile, modules: set[str], ran: set[int]) -> d
                 by_module[found.group(1)].append(int(found.group(2)))
     if not by_module:
         return dict(NONE)
-    mine = (modules & set(by_module)) or {max(by_module, key=lambda m: len(by_module[m]))}  # (an XLA with no stats)
+    likeliest = (lambda m: max(by_module[m])) if newest else (lambda m: len(by_module[m]))
+    mine = (modules & set(by_module)) or {max(by_module, key=likeliest)}  # (an XLA with no stats)
     others = sorted(p for m in mine for p in by_module[m] if p not in ran)
     wanted = set(sorted(ran)[:PARSED]) | set(others[: max(PARSED - len(ran), SHOWN)])
     shapes = {}
@@ -244,8 +260,16 @@ def executables(space: xspace.XSpaceFile, modules: set[str], ran: set[int]) -> d
     }
 
 
-def measure(trace: HostTrace, steps: Steps) -> dict:
-    """XLA in the analysed steps (and the warm-up steps left out): JSON-ready, per-step figures in ms."""
+def _listed(space: xspace.XSpaceFile) -> bool:
+    """Whether /host:metadata names any XLA executable (names only: no HloProto is read)."""
+    return any(
+        XLA_EXECUTABLE.match(name) for p in space.planes if p.name == METADATA for name in p.event_names.values()
+    )
+
+
+def measure(trace: HostTrace, steps: Steps, ops_ms: float = 0.0, step_ms: float = 0.0) -> dict:
+    """XLA in the analysed steps (and the warm-up steps left out): JSON-ready, per-step figures in ms. `ops_ms`
+    and `step_ms`, the model's ops and the step per step, tell an XLA that records no event (unrecorded)."""
     windows, n = steps.windows, max(len(steps.windows), 1)
     lowered = _lowering(trace) if trace.xla_compiles else []
     spans = compile_spans(trace, lowered)
@@ -261,12 +285,23 @@ def measure(trace: HostTrace, steps: Steps) -> dict:
     warm = _per_window(spans, steps.warm_up)
     warm_compiles = max(sum(_counts(trace, steps.warm_up)), sum(1 for us in warm if us > 0))
     used = bool(runs or compiles or steps.warm_up)  # executables alone may be another model's, in the same process
+    unrecorded = (
+        not used
+        and not trace.xla_runs
+        and not trace.xla_compiles
+        and step_ms > 0
+        and ops_ms < OPAQUE * step_ms
+        and _listed(trace.space)
+    )
+    used = used or unrecorded
     compiled = {str(e.args["name"]) for e in trace.xla_compiles if e.name in XLA_COMPILE_ONCE and e.args.get("name")}
-    found = executables(trace.space, set(programs.values()) | compiled, set(programs)) if used else dict(NONE)
+    modules = set(programs.values()) | compiled
+    found = executables(trace.space, modules, set(programs), newest=unrecorded) if used else dict(NONE)
     shapes_of = found.pop("shapes_of")
     ran = [shapes_of[p] for p in sorted(programs) if p in shapes_of]
     return {
         "used": used,
+        "recorded": not unrecorded,  # False: XLA ran the steps, and the trace holds none of its events
         "runs_per_step": round(runs / n, 2),
         "compile_ms": round(sum(compile_us) / n / 1e3, 3),
         "compile_steps": compile_steps,
@@ -362,6 +397,8 @@ def notes(wait: Wait) -> list[str]:
         ]
     if xla["compiles"]:
         return []
+    if unrecorded(wait):
+        return [_unrecorded_note(wait, xla)]
     if xla["executables"]:
         seen = f"{xla['executables']} XLA executables in the process{_compiled_for(xla)}, none compiled in the window"
     else:
@@ -376,3 +413,25 @@ def notes(wait: Wait) -> list[str]:
             "fixed length, with drop_remainder=True), or profile with a TensorFlow whose XLA records its compiles."
         )
     return [text]
+
+
+UNRECORDED = "Unrecorded XLA"  # the note's first words (tests/corpus_expectations.py reads them)
+
+
+def _unrecorded_note(wait: Wait, xla: dict) -> str:
+    steps, shapes = xla["steps"], xla["shapes"]
+    text = (
+        f"{UNRECORDED}: XLA ran the steps, {xla['executables']} executables of the step in the process"
+        f"{_compiled_for(xla)} (its module taken to be the one compiled last), and this profile records none of its "
+        "events, neither its runs nor its compiles (TensorFlow 2.17's XLA on a CPU records none; 2.21's does): the "
+        "step's time outside input wait is the model's compute, compiling and per-step overhead together, and no "
+        "gain is estimated from any of them. Profile with a TensorFlow whose XLA records its events, or once with "
+        "`jit_compile=False` to see the model's ops."
+    )
+    if unseen_compiles(wait):
+        text += (
+            f" The steps read {shapes} distinct batch shapes in {steps}: with XLA each new shape compiles the step "
+            "again. Keep the batches to a few fixed shapes (bucket_by_sequence_length with "
+            "pad_to_bucket_boundary=True, or padded_batch to a fixed length, with drop_remainder=True)."
+        )
+    return text
