@@ -65,16 +65,78 @@ def test_a_text_preset_is_a_config_like_any_other(tmp_path):
         config.load(ROOT / "configs/text/naive.yaml", ["text.pipeline.token_budget=100"])
 
 
-def test_commands_that_measure_only_images_refuse_a_text_preset():
+def test_tune_refuses_a_text_preset_and_the_text_bench_has_no_data_service_variants():
     from train.cli import benchmarks, build_parser
     from train.core.errors import UserError
 
-    for argv in (
-        ["bench", "--naive", "configs/text/naive.yaml", "--optimized", "configs/text/optimized.yaml"],
-        ["tune", "--config", "configs/text/optimized.yaml"],
-    ):
-        with pytest.raises(UserError, match=r"make compare TASK=text.*make ladder TASK=text"):
-            benchmarks.benchmark_options(build_parser().parse_args(argv))
+    parse = lambda *argv: benchmarks.benchmark_options(build_parser().parse_args(list(argv)))  # noqa: E731
+    with pytest.raises(UserError, match=r"make ladder TASK=text.*make bench TASK=text"):
+        parse("tune", "--config", "configs/text/optimized.yaml")
+    text = ("--naive", "configs/text/naive.yaml", "--optimized", "configs/text/optimized.yaml")
+    assert parse("bench", *text).data_service_workers == ()
+    assert parse("bench").data_service_workers == (1, 2)  # the image presets
+    with pytest.raises(UserError, match=r"--data-service-workers 1`.*image task only.*configs/text/naive.yaml"):
+        parse("bench", *text, "--data-service-workers", "1")
+
+
+def test_sweep_batch_sizes_a_text_batch_by_its_slots(tmp_path):
+    """A batch of B for text is B texts of the longest length: the token budget where batches are bucketed or
+    packed, the batch size where they are padded; an image run's out-of-memory hint ignores a text sweep."""
+    import json
+
+    from train import config
+    from train.benchmarks import sweep
+    from train.core import outputs
+    from train.text.spec import TextSpec
+    from train.training import guards
+
+    spec = TextSpec("t", tmp_path, "builtin", ("a", "b"), 100, 512, 10, 2, (), (), (), (), (0,) * 513)
+    optimized = config.load(ROOT / "configs/text/optimized.yaml")
+    assert sweep.knob(optimized, 64, spec) == "text.pipeline.token_budget=32768"
+    assert sweep.knob(config.load(ROOT / "configs/text/naive.yaml"), 64, spec) == "text.pipeline.batch_size=64"
+    assert sweep.knob(config.load(ROOT / "configs/optimized.yaml"), 64, spec) == "pipeline.batch_size=64"
+    path = outputs.sweep_result(tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"task": "text", "largest_batch_that_fit": 64}))
+    assert guards.largest_batch_that_fit(path) is None
+    path.write_text(json.dumps({"largest_batch_that_fit": 64}))  # an image sweep (written before "task" was)
+    assert guards.largest_batch_that_fit(path) == 64
+
+
+@pytest.mark.long
+def test_bench_and_sweep_batch_measure_the_text_presets_in_real_tokens(tmp_path_factory):
+    """`bench` and `sweep-batch` with the text presets on a tiny corpus, short trials (as `make bench TASK=text`)."""
+    out = tmp_path_factory.mktemp("text-bench")
+    sets = tiny_text(out / "shards") + ["model.dim=8", "model.feed_forward=16", "text.pipeline.token_budget=4096"]
+    presets = ["--naive", "configs/text/naive.yaml", "--optimized", "configs/text/optimized.yaml"]
+    short = ["--trials", "2", "--seconds", "0.2"]
+    result = run_cli("bench", *presets, "--out", str(out / "bench"), *short, *set_args(sets), timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "bench" / "bench.json").read_text())
+    assert report["task"] == "text" and report["unit"] == "real tokens/s" and not report["data_service"]
+    assert set(report["variants"]) == {"naive", "optimized", "ceiling"} and report["speedup"] > 0
+    assert "one epoch of" in report["variants"]["ceiling"]["pipeline"] and report["decode_floor"] is None
+    for cost in report["pipeline_cost"].values():
+        assert cost["core_seconds_per_token"] > 0 and cost["real_tokens_per_sec_alone"] > cost["texts_per_sec_alone"]
+    assert "median tokens/s" in (out / "bench" / "bench.md").read_text()
+    result = run_cli(
+        "sweep-batch",
+        *presets,
+        "--out",
+        str(out / "sweep"),
+        "--min",
+        "4",
+        "--max",
+        "8",
+        *short,
+        *set_args(sets),
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    swept = json.loads((out / "sweep" / "sweep.json").read_text())
+    assert swept["knob"] == "text.pipeline.token_budget" and swept["unit"] == "real tokens/s"
+    assert [p["batch_size"] for p in swept["points"]] == [4, 8] and swept["largest_batch_that_fit"] == 8
+    assert "real tokens/s" in result.stdout
 
 
 def test_own_csv_trains_with_the_optimized_preset_and_serves_raw_strings(tmp_path):

@@ -9,6 +9,9 @@ ratios, and the optimized variant is measured twice per round for the A/A noise 
 Where `auto` chose a decoded snapshot on disk, the pipeline auto takes without the cache
 folder is measured too. Then each pipeline alone, and the decode floor (floor.py): the CPU
 cost per image, its multiple of the floor, and the host cores it takes per 1,000 images/s.
+The text task (configs/text/) measures real tokens/s (padding left out), its ceiling is one
+epoch of the optimized batches from memory (every bucket's shape), and each pipeline alone
+gives its CPU time per real token; there is no decode floor and no data service variant.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def plan(opts: BenchOptions, scenario, spec, found) -> tuple[list[Planned], dict
     optimized = scenario.load(opts.variants.optimized, sets, name="optimized")
     planned = [Planned("naive", naive), Planned("optimized", optimized), Planned("ceiling", optimized, ceiling=True)]
     snapshot = {}
+    if optimized.task == "text":  # no decoded snapshot, no data service variants (refused by the CLI)
+        return planned, snapshot
     resolved = setup.plan(optimized, found, spec).cfg.pipeline
     if resolved.cache == "disk":
         without = scenario.load(opts.variants.optimized, sets + ["pipeline.cache_dir=null"], name="without_snapshot")
@@ -64,8 +69,20 @@ def measure_costs(configs: dict, spec, ceiling_rate: float | None) -> tuple[dict
     return floor_result, costs
 
 
+def measure_text_costs(configs: dict, ceiling_rate: float | None) -> dict:
+    """Each text pipeline alone (no model), in a fresh process: CPU time per real token, and the cores it takes to
+    feed the model at the ceiling's rate."""
+    costs = {}
+    for name, cfg in configs.items():
+        cost = isolated.measure_alone("cost", cfg, seconds=3.0)
+        cost["cores_per_100k_tokens"] = cost["core_seconds_per_token"] * 1e5
+        cost["cores_to_feed_device"] = cost["core_seconds_per_token"] * (ceiling_rate or 0.0)
+        costs[name] = cost
+    return costs
+
+
 def main(opts: BenchOptions) -> int:
-    scenario = scenario_lib.resolve(opts.variants.scenario)
+    scenario = scenario_lib.for_preset(opts.variants.scenario, opts.variants.naive)
     out = Path(opts.out)
     first = scenario.load(opts.variants.optimized, list(opts.variants.overrides), name="optimized")
     spec, found = trials.begin(scenario, [first], out)
@@ -95,7 +112,11 @@ def main(opts: BenchOptions) -> int:
     rows = {v.name: bench_report.row(v) for v in variants}
     local = by_name["optimized"]
     costed = {p.name: p.cfg for p in planned if p.name in ("naive", "optimized", "without_snapshot")}
-    decode_floor, costs = measure_costs(costed, spec, rows["ceiling"]["median"])
+    text = first.task == "text"
+    if text:
+        decode_floor, costs = None, measure_text_costs(costed, rows["ceiling"]["median"])
+    else:
+        decode_floor, costs = measure_costs(costed, spec, rows["ceiling"]["median"])
     aa = stats.paired(again.samples, local.samples)
     speedup = stats.gain(local.samples, by_name["naive"].samples)
     efficiency = stats.gain(local.samples, by_name["ceiling"].samples)
@@ -103,8 +124,10 @@ def main(opts: BenchOptions) -> int:
         "device": found.describe(),
         "host_cores": found.cpu_cores,
         "scenario": scenario.why,
+        "task": first.task,
+        "unit": local.facts.unit,
         "model": first.model.name,
-        "image_shape": list(spec.image_shape),
+        **({"text": spec.length_statistics()} if text else {"image_shape": list(spec.image_shape)}),
         "trials": opts.trials.rounds,
         "trial_seconds": opts.trials.seconds,
         "isolation": "each variant in its own process, stopped (SIGSTOP) while another is measured",
@@ -129,7 +152,7 @@ def main(opts: BenchOptions) -> int:
         result["snapshot"]["gain"] = stats.gain(local.samples, by_name["without_snapshot"].samples).as_dict()
     files.write_json(out / "bench.json", result)
     files.write_text(out / "bench.md", bench_report.markdown(result))
-    bench_report.write_tensorboard(out, [*variants, again])
+    bench_report.write_tensorboard(out, [*variants, again], text=text)
     print()
     print(bench_report.table(result))
     print(f"\nWritten: {out}/bench.json, bench.md (TensorBoard: runs bench/tb/*)")

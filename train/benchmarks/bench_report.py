@@ -23,12 +23,12 @@ def row(variant) -> dict:
     }
 
 
-def write_tensorboard(out: Path, variants) -> None:
+def write_tensorboard(out: Path, variants, text: bool = False) -> None:
     """Every trial as a scalar, one TensorBoard run per variant (runs bench/tb/<variant>)."""
+    tag = "bench/real_tokens_per_sec" if text else "bench/examples_per_sec"
     for variant in variants:
         files.write_scalars(
-            out / "tb" / variant.name,
-            [("bench/examples_per_sec", rate, index) for index, rate in enumerate(variant.samples)],
+            out / "tb" / variant.name, [(tag, rate, index) for index, rate in enumerate(variant.samples)]
         )
 
 
@@ -55,7 +55,9 @@ def _gain_line(label: str, gain: dict, digits: int = 2) -> str:
 
 
 def table(result: dict) -> str:
-    lines = [f"{'variant':<17}{'median ex/s':>13}{'min':>10}{'max':>10}  batch  pipeline"]
+    text = result.get("task") == "text"
+    rate = "tokens/s" if text else "ex/s"
+    lines = [f"{'variant':<17}{'median ' + rate:>13}{'min':>10}{'max':>10}  batch  pipeline"]
     for name, item in result["variants"].items():
         lines.append(
             f"{name:<17}{item['median']:>13,.0f}{item['min']:>10,.0f}{item['max']:>10,.0f}  "
@@ -72,7 +74,7 @@ def table(result: dict) -> str:
         lines.append(f"{name} / local optimized (median of per-round ratios): {value:.2f}")
     if result.get("snapshot"):
         lines.append(snapshot_line(result["snapshot"]))
-    return "\n".join(lines + [""] + cost_lines(result))
+    return "\n".join(lines + [""] + (text_cost_lines(result) if text else cost_lines(result)))
 
 
 def markdown(result: dict) -> str:
@@ -83,8 +85,8 @@ def markdown(result: dict) -> str:
             "",
             f"Device: **{result['device']}**. {result['scenario']}. {result['trials']} interleaved rounds of at least "
             f"{result['trial_seconds']:g} s per variant after warm-up; {result['isolation']}. Gains are medians of "
-            "per-round ratios (train/benchmarks/stats.py); the decode floor and each pipeline's cost were measured "
-            "alone, each in a fresh process.",
+            f"per-round ratios (train/benchmarks/stats.py); {_alone(result)} measured alone, each in a fresh "
+            "process." + (" Rates are real tokens/s: padding is not counted." if result.get("task") == "text" else ""),
             "",
             "```",
             table(result),
@@ -134,6 +136,32 @@ def cost_lines(result: dict) -> list[str]:
             f"{name}: {cost['cores_per_1000']:.2g} cores per 1,000 images/s; the device here eats {ceiling:,.0f}/s: "
             f"{cost['cores_to_feed_device']:.2g} cores (this host has {result['host_cores']}); "
             f"memory +{cost['memory_growth_mb']:,.0f} MB"
+        )
+    lines.append(f"peak RSS of the largest variant's process: {result['peak_rss_mb']:,.0f} MB")
+    return lines
+
+
+def _alone(result: dict) -> str:
+    return (
+        "each pipeline's cost was" if result.get("task") == "text" else "the decode floor and each pipeline's cost were"
+    )
+
+
+def text_cost_lines(result: dict) -> list[str]:
+    """Each text pipeline's CPU cost per real token, and the cores it takes to feed the model at its ceiling."""
+    ceiling = result["variants"]["ceiling"]["median"]
+    lines = [
+        f"{'pipeline alone':<17}{'tokens/s alone':>15}{'texts/s alone':>15}{'core-us/token':>15}{'cores/100k/s':>14}"
+    ]
+    for name, cost in result["pipeline_cost"].items():
+        lines.append(
+            f"{name:<17}{cost['real_tokens_per_sec_alone']:>15,.0f}{cost['texts_per_sec_alone']:>15,.0f}"
+            f"{cost['core_seconds_per_token'] * 1e6:>15.3f}{cost['cores_per_100k_tokens']:>14.2g}"
+        )
+    for name, cost in result["pipeline_cost"].items():
+        lines.append(
+            f"{name}: the model here eats {ceiling:,.0f} real tokens/s: {cost['cores_to_feed_device']:.2g} cores to "
+            f"feed it (this host has {result['host_cores']}); memory +{cost['memory_growth_mb']:,.0f} MB"
         )
     lines.append(f"peak RSS of the largest variant's process: {result['peak_rss_mb']:,.0f} MB")
     return lines

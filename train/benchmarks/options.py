@@ -59,6 +59,7 @@ class SweepOptions:
     min_batch: int = 16
     max_batch: int = 2048
     out: Path = Path("runs/sweep-batch")
+    MAX_TEXT_BATCH = 256  # text: texts of the longest length (131,072 slots of 512 tokens)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,11 @@ out-of-memory error. Each point is the optimized preset (plus the scenario overl
 that batch size: repeated trials after warm-up, CPU/GPU utilization sampled during them,
 and the input-bound share from a short profile. The largest batch that fit is written to
 runs/sweep-batch/sweep.json, where an out-of-memory error in `fit` looks for it.
+
+The text task (configs/text/) sizes its batches by slots: a batch size B is B texts of the
+longest length, the knob that sets it (text.pipeline.token_budget = B x data.max_length where
+the batches are bucketed or packed, text.pipeline.batch_size where they are padded), and the
+rates are real tokens/s (padding left out).
 """
 
 from __future__ import annotations
@@ -27,6 +32,15 @@ def _is_oom(error: Exception) -> bool:
     return isinstance(error, tf.errors.ResourceExhaustedError) or "out of memory" in str(error).lower()
 
 
+def knob(cfg, batch: int, spec) -> str:
+    """The override that gives `cfg` a batch of `batch` (text: `batch` texts of the longest length)."""
+    if cfg.task != "text":
+        return f"pipeline.batch_size={batch}"
+    if cfg.text.pipeline.batching in ("bucket", "pack"):
+        return f"text.pipeline.token_budget={batch * spec.max_length}"
+    return f"text.pipeline.batch_size={batch}"
+
+
 def measure_batch(batch: int, cfg, spec, found, opts: SweepOptions, out: Path) -> dict:
     """Trials, CPU/GPU utilization and a short profile of one batch size; an out-of-memory error is a point too."""
     sampler = Sampler(interval_s=0.2)
@@ -46,7 +60,7 @@ def measure_batch(batch: int, cfg, spec, found, opts: SweepOptions, out: Path) -
     usage = sampler.summary()
     rates = variant.stats()
     print(
-        f"  batch {batch}: {rates['median']:,.0f} examples/s ({rates['min']:,.0f}-{rates['max']:,.0f})"
+        f"  batch {batch}: {rates['median']:,.0f} {variant.unit} ({rates['min']:,.0f}-{rates['max']:,.0f})"
         + (f", {profile['input_bound_percent']:.1f}% waiting for input" if profile else ""),
         flush=True,
     )
@@ -64,7 +78,7 @@ def measure_batch(batch: int, cfg, spec, found, opts: SweepOptions, out: Path) -
 
 
 def main(opts: SweepOptions) -> int:
-    scenario = scenario_lib.resolve(opts.variants.scenario)
+    scenario = scenario_lib.for_preset(opts.variants.scenario, opts.variants.optimized)
     base = scenario.load(opts.variants.optimized, list(opts.variants.overrides), name="sweep")
     out = Path(opts.out)
     spec, found = trials.begin(scenario, [base], out, clean=True)
@@ -88,7 +102,7 @@ def main(opts: SweepOptions) -> int:
             break
         cfg = scenario.load(
             opts.variants.optimized,
-            list(opts.variants.overrides) + [f"pipeline.batch_size={batch}"],
+            list(opts.variants.overrides) + [knob(base, batch, spec)],
             name=f"batch_{batch}",
         )
         point = measure_batch(batch, cfg, spec, found, opts, out)
@@ -103,8 +117,11 @@ def main(opts: SweepOptions) -> int:
     result = {
         "device": found.describe(),
         "scenario": scenario.why,
+        "task": base.task,
+        "unit": "real tokens/s" if base.task == "text" else "examples/s",  # of examples_per_sec, below
+        "knob": knob(base, 1, spec).split("=")[0],
         "model": base.model.name,
-        "image_shape": list(spec.image_shape),
+        **({"text": spec.length_statistics()} if base.task == "text" else {"image_shape": list(spec.image_shape)}),
         "points": points,
         "largest_batch_that_fit": largest,
         "stopped_because": stop_reason,
@@ -128,8 +145,8 @@ def chart(result: dict, path: Path) -> None:
     highs = [p["examples_per_sec"]["max"] - m for m, p in zip(medians, ok)]
     left.errorbar(xs, medians, yerr=[lows, highs], fmt="o-", capsize=3)
     left.set_xscale("log", base=2)
-    left.set_xlabel("batch size")
-    left.set_ylabel("examples / second (median, min-max)")
+    left.set_xlabel("batch size" + (" (texts of the longest length)" if result.get("task") == "text" else ""))
+    left.set_ylabel(f"{result.get('unit', 'examples/s')} (median, min-max)")
     left.set_title(f"Throughput - largest batch that fit: {result['largest_batch_that_fit']}")
     for key, label in (
         ("input_bound_percent", "waiting for input (profiler)"),

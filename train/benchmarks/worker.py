@@ -123,6 +123,10 @@ class Worker:
         from train.training import devices
 
         cfg = config_lib.load(config)
+        if cfg.task == "text":
+            from train.text import build as text_build
+
+            return trials.text_pipeline_cost(cfg, text_build.locate(cfg.text.data), devices.detect(), seconds)
         return trials.pipeline_cost(cfg, sources.locate(cfg.data), devices.detect(), seconds)
 
     def floor(self, config: str, seconds: float):

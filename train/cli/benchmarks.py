@@ -24,25 +24,37 @@ def _trials(args):
     return options.Trials(args.trials or defaults.rounds, args.seconds or defaults.seconds)
 
 
-# Commands whose measurements are image-specific so far: bench's decode floor and tf.data service variants,
-# sweep-batch's batch sizes (text batches are sized by a token budget), tune's search space of image knobs.
-NOT_FOR_TEXT = {"bench", "sweep-batch", "tune"}
+# Commands whose measurements are image-specific so far: tune's search space of image knobs. bench measures text
+# without its data service variants; sweep-batch sweeps the text batch's slots (train/benchmarks/sweep.py).
+NOT_FOR_TEXT = {"tune"}
 
 
 def _refuse_text(args) -> None:
-    from train import config
-    from train.core import files
     from train.core.errors import UserError
 
+    if args.command == "bench" and args.data_service_workers and _is_text(args.naive):
+        raise UserError(
+            f"`bench --data-service-workers {' '.join(map(str, args.data_service_workers))}`: the tf.data service "
+            f"variants are measured for the image task only ({args.naive} has task: text). Run the text bench "
+            "without the flag (make bench TASK=text)."
+        )
     if args.command not in NOT_FOR_TEXT:
         return
     preset = args.config if args.command == "tune" else args.naive
-    if preset and config.task_of(files.project_file(preset)) == "text":
+    if preset and _is_text(preset):
         raise UserError(
             f"`{args.command}` does not measure the text task yet ({preset} has task: text): its measurements are "
-            "the image pipeline's. For text, `make compare TASK=text` trains both presets side by side and "
-            "`make ladder TASK=text` measures every rung with the same A/A-checked harness (docs/text.md)."
+            "the image pipeline's. For text, `make ladder TASK=text` measures each text knob from naive to "
+            "optimized with the same A/A-checked harness, `make bench TASK=text` and `make sweep-batch TASK=text` "
+            "measure the presets and the batch's size (docs/text.md)."
         )
+
+
+def _is_text(preset: str | None) -> bool:
+    from train import config
+    from train.core import files
+
+    return bool(preset) and config.task_of(files.project_file(preset)) == "text"
 
 
 def benchmark_options(args):
@@ -54,11 +66,19 @@ def benchmark_options(args):
     if args.command == "compare":
         return options.CompareOptions(_variants(args), out)
     if args.command == "bench":
-        return options.BenchOptions(_variants(args), _trials(args), tuple(args.data_service_workers), out)
+        workers = args.data_service_workers
+        if workers is None:  # not given: 1 and 2 workers for images; the text bench has no data service variants
+            workers = () if _is_text(args.naive) else options.BenchOptions.data_service_workers
+        return options.BenchOptions(_variants(args), _trials(args), tuple(workers), out)
     if args.command == "ladder":
         return options.LadderOptions(_variants(args), _trials(args), args.ladder, out)
     if args.command == "sweep-batch":
-        return options.SweepOptions(_variants(args), _trials(args), args.min, args.max, out)
+        largest = args.max
+        if largest is None:
+            largest = (
+                options.SweepOptions.MAX_TEXT_BATCH if _is_text(args.optimized) else options.SweepOptions.max_batch
+            )
+        return options.SweepOptions(_variants(args), _trials(args), args.min, largest, out)
     if args.command == "bench-check":
         scenarios = tuple(args.scenario or options.CheckOptions.scenarios)
         given = None if args.trials is None and args.seconds is None else _trials(args)
@@ -145,10 +165,10 @@ def _add_benchmark_commands(commands) -> None:
         "--data-service-workers",
         type=int,
         nargs="*",
-        default=list(options.BenchOptions.data_service_workers),
+        default=None,
         metavar="N",
         help="also run the optimized pipeline on a local tf.data service with N workers "
-        "(default: 1 2; the flag with no N skips them)",
+        "(default: 1 2 for images, none for text; the flag with no N skips them)",
     )
     bench.set_defaults(func=cmd_bench)
 
@@ -182,7 +202,11 @@ def _add_benchmark_commands(commands) -> None:
         "--min", type=int, default=options.SweepOptions.min_batch, help="smallest batch (default: %(default)s)"
     )
     sweep.add_argument(
-        "--max", type=int, default=options.SweepOptions.max_batch, help="largest batch to try (default: %(default)s)"
+        "--max",
+        type=int,
+        default=None,
+        help=f"largest batch to try (default: {options.SweepOptions.max_batch}; text: "
+        f"{options.SweepOptions.MAX_TEXT_BATCH} texts of the longest length)",
     )
     arguments.trial_args(sweep, options.SweepOptions.TRIALS, "trials per batch size")
     sweep.set_defaults(func=cmd_sweep)

@@ -53,9 +53,10 @@ def nan_error(tripped: dict, last_checkpoint: str | None, learning_rate: float) 
 
 
 def largest_batch_that_fit(path: Path) -> int | None:
-    """From the last batch-size sweep on this machine, or None when there is none."""
+    """From the last batch-size sweep on this machine, or None when there is none (or it swept text)."""
     try:
-        return json.loads(Path(path).read_text()).get("largest_batch_that_fit")
+        result = json.loads(Path(path).read_text())
+        return result.get("largest_batch_that_fit") if result.get("task", "image") == "image" else None
     except (OSError, ValueError, AttributeError):
         return None
 
