@@ -65,18 +65,40 @@ def test_a_text_preset_is_a_config_like_any_other(tmp_path):
         config.load(ROOT / "configs/text/naive.yaml", ["text.pipeline.token_budget=100"])
 
 
-def test_tune_refuses_a_text_preset_and_the_text_bench_has_no_data_service_variants():
+def test_tune_searches_the_text_knobs_and_the_text_bench_has_no_data_service_variants(tmp_path):
+    from train import config
+    from train.benchmarks.tune import space
     from train.cli import benchmarks, build_parser
     from train.core.errors import UserError
+    from train.text.spec import TextSpec
+    from train.training import devices
 
     parse = lambda *argv: benchmarks.benchmark_options(build_parser().parse_args(list(argv)))  # noqa: E731
-    with pytest.raises(UserError, match=r"make ladder TASK=text.*make bench TASK=text"):
-        parse("tune", "--config", "configs/text/optimized.yaml")
+    tune = parse("tune", "--config", "configs/text/optimized.yaml")
+    assert str(tune.tuned) == "configs/text/tuned.yaml" and str(parse("tune").tuned) == "configs/tuned.yaml"
     text = ("--naive", "configs/text/naive.yaml", "--optimized", "configs/text/optimized.yaml")
     assert parse("bench", *text).data_service_workers == ()
     assert parse("bench").data_service_workers == (1, 2)  # the image presets
     with pytest.raises(UserError, match=r"--data-service-workers 1`.*image task only.*configs/text/naive.yaml"):
         parse("bench", *text, "--data-service-workers", "1")
+
+    spec = TextSpec("t", tmp_path, "builtin", ("a", "b"), 100, 512, 10, 2, (), (), ("0", "1"), (), (0,) * 513)
+    found = devices.Devices(gpus=(), compute_capabilities=(), cpu_cores=2)
+    cfg = config.load(ROOT / "configs/text/optimized.yaml")
+    keys = [knob.key for knob in space.plan(cfg, spec, found)]
+    assert keys[:4] == [
+        "text.pipeline.cache",
+        "text.pipeline.parallel_calls",
+        "text.pipeline.parallel_reads",
+        "text.pipeline.prefetch",
+    ]
+    assert "text.pipeline.max_padding" in keys and "train.jit_compile" in keys
+    assert not any(key.startswith("pipeline.") for key in keys) and "text.pipeline.token_budget" not in keys
+    batch = space.plan(cfg, spec, found, batch=True)[0]
+    assert batch.key == "text.pipeline.token_budget" and batch.values == [32768, 8192]
+    assert batch.apply({}, 8192)["train.learning_rate"] == pytest.approx(cfg.train.learning_rate / 2)
+    with pytest.raises(UserError, match=r"--only pipeline.cache: not a knob tune searches here"):
+        space.plan(cfg, spec, found, only=["pipeline.cache"])
 
 
 def test_sweep_batch_sizes_a_text_batch_by_its_slots(tmp_path):
@@ -252,3 +274,46 @@ def test_the_text_ladder_measures_its_rungs_in_real_tokens(tmp_path_factory):
     assert all(row["examples_per_sec"]["median"] > 0 for row in report["rungs"])
     assert "bucket(" in report["rungs"][1]["pipeline"] and report["end_to_end"]["median"] > 0
     assert "| # | rung | real tokens/s" in (out / "ladder" / "ladder.md").read_text()
+
+
+@pytest.mark.long
+def test_tune_searches_a_mis_set_text_start_and_writes_only_text_knobs(tmp_path_factory):
+    """`tune` on the optimized text preset with its pipeline mis-set (serial, no cache, no prefetch), two knobs,
+    short trials: a tune.json in real tokens/s, and an overlay (if anything was kept) that loads."""
+    import yaml
+
+    from train import config
+    from train.benchmarks.tune import overlay
+
+    out = tmp_path_factory.mktemp("text-tune")
+    tuned = out / "tuned.yaml"
+    mis_set = ["text.pipeline.parallel_calls=1", "text.pipeline.prefetch=0", "text.pipeline.cache=false"]
+    sets = tiny_text(out / "shards") + ["model.dim=8", "model.feed_forward=16", "text.pipeline.token_budget=4096"]
+    result = run_cli(
+        "tune",
+        *("--config", "configs/text/optimized.yaml", "--tuned", str(tuned), "--out", str(out / "tune")),
+        *("--seconds", "0.3", "--trials", "3", "--final-trials", "3", "--minutes", "2"),
+        *("--only", "text.pipeline.parallel_calls", "--only", "text.pipeline.prefetch"),
+        *set_args(sets + mis_set),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "tune" / "tune.json").read_text())
+    assert report["task"] == "text" and "training texts" in report["dataset"]
+    assert {row["knob"] for row in report["trials"]} <= {"text.pipeline.parallel_calls", "text.pipeline.prefetch"}
+    assert any("gain" in row for row in report["trials"]), report["trials"]
+    assert "best tokens/s" in (out / "tune" / "tune.md").read_text()
+    if tuned.exists():
+        kept = overlay.flatten(yaml.safe_load(tuned.read_text()))
+        assert set(kept) <= {"text.pipeline.parallel_calls", "text.pipeline.prefetch"} and kept
+        loaded = config.load(ROOT / "configs/text/optimized.yaml", sets, layers=[tuned])
+        assert all(config_value(loaded, key) == value for key, value in kept.items())
+        assert "make train-optimized TASK=text" in tuned.read_text()
+    else:
+        assert report["note"], report
+
+
+def config_value(cfg, key: str):
+    from train.benchmarks.tune import space
+
+    return space.get(cfg, key)

@@ -331,6 +331,17 @@ def test_the_next_step_trains_the_config_that_was_tuned_not_the_optimized_preset
     assert "train-optimized" not in line
 
 
+def test_the_next_step_of_a_text_tune_trains_the_text_preset():
+    result = {**tuned_result("configs/text/optimized.yaml"), "task": "text"}
+    result.update(tuned_path="configs/text/tuned.yaml", scenario_overlays=["configs/text/cpu.yaml"])
+    line = overlay.train_command(result)
+    assert (
+        line
+        == 'make train-optimized TASK=text ARGS="--overlay configs/text/cpu.yaml --overlay configs/text/tuned.yaml"'
+    )
+    assert overlay.per_s(result) == "tokens/s" and overlay.per_s(tuned_result("configs/optimized.yaml")) == "ex/s"
+
+
 def test_read_tuned_flattens_an_overlay(tmp_path):
     path = tmp_path / "tuned.yaml"
     path.write_text("# Written by make tune\n# machine: x\npipeline:\n  cache: memory\ntrain:\n  jit_compile: true\n")

@@ -75,6 +75,7 @@ class TuneOptions:
     final_rounds: int = 9
     only: tuple[str, ...] = ()
     tuned: Path = Path("configs/tuned.yaml")
+    text_tuned = Path("configs/text/tuned.yaml")  # the text task's (no annotation: not a field)
     fresh: bool = False
     reference: str | None = None
     out: Path = Path("runs/tune")

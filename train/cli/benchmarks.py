@@ -24,12 +24,8 @@ def _trials(args):
     return options.Trials(args.trials or defaults.rounds, args.seconds or defaults.seconds)
 
 
-# Commands whose measurements are image-specific so far: tune's search space of image knobs. bench measures text
-# without its data service variants; sweep-batch sweeps the text batch's slots (train/benchmarks/sweep.py).
-NOT_FOR_TEXT = {"tune"}
-
-
 def _refuse_text(args) -> None:
+    """The one measurement of the image task that text does not have: bench's tf.data service variants."""
     from train.core.errors import UserError
 
     if args.command == "bench" and args.data_service_workers and _is_text(args.naive):
@@ -37,16 +33,6 @@ def _refuse_text(args) -> None:
             f"`bench --data-service-workers {' '.join(map(str, args.data_service_workers))}`: the tf.data service "
             f"variants are measured for the image task only ({args.naive} has task: text). Run the text bench "
             "without the flag (make bench TASK=text)."
-        )
-    if args.command not in NOT_FOR_TEXT:
-        return
-    preset = args.config if args.command == "tune" else args.naive
-    if preset and _is_text(preset):
-        raise UserError(
-            f"`{args.command}` does not measure the text task yet ({preset} has task: text): its measurements are "
-            "the image pipeline's. For text, `make ladder TASK=text` measures each text knob from naive to "
-            "optimized with the same A/A-checked harness, `make bench TASK=text` and `make sweep-batch TASK=text` "
-            "measure the presets and the batch's size (docs/text.md)."
         )
 
 
@@ -93,7 +79,9 @@ def benchmark_options(args):
         trials=_trials(args),
         final_rounds=args.final_trials,
         only=tuple(args.only),
-        tuned=Path(args.tuned),
+        tuned=Path(
+            args.tuned or (options.TuneOptions.text_tuned if _is_text(args.config) else options.TuneOptions.tuned)
+        ),
         fresh=args.fresh,
         reference=args.reference,
         out=out,
@@ -241,8 +229,9 @@ def _add_tune_command(commands) -> None:
     tune.add_argument("--only", action="append", default=[], metavar="KEY", help="search only this knob (repeatable)")
     tune.add_argument(
         "--tuned",
-        default=str(options.TuneOptions.tuned),
-        help="the overlay to start from when it exists and to write (default: %(default)s)",
+        default=None,
+        help=f"the overlay to start from when it exists and to write (default: {options.TuneOptions.tuned}; text: "
+        f"{options.TuneOptions.text_tuned})",
     )
     tune.add_argument("--fresh", action="store_true", help="ignore an existing --tuned overlay at the start")
     tune.add_argument(

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from step_doctor.diagnose import xspace
+
 # xla_data.proto's PrimitiveType, as HLO text writes them (the rest print as "type<N>")
 _TYPES = {1: "pred", 2: "s8", 3: "s16", 4: "s32", 5: "s64", 6: "u8", 7: "u16", 8: "u32", 9: "u64", 10: "f16"}
 _TYPES.update({11: "f32", 12: "f64", 13: "tuple", 15: "c64", 16: "bf16", 17: "token", 18: "c128"})
@@ -24,16 +26,7 @@ class HloError(ValueError):
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result, shift = 0, 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise HloError(f"a varint runs past the end at byte {pos}")
-        byte = buf[pos]
-        result |= (byte & 0x7F) << shift
-        pos += 1
-        if byte < 0x80:
-            return result, pos
-        shift += 7
+    return xspace.read_varint(buf, pos, len(buf), HloError)
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:

@@ -137,12 +137,12 @@ def stat_value(stat, stat_names: dict[int, str]):
     return stat_names.get(value, "") if kind == "ref_value" else value
 
 
-def _varint(buf, pos: int, end: int) -> tuple[int, int]:
-    """(value, position after it) of the varint at buf[pos]; XSpaceError past `end`."""
+def read_varint(buf, pos: int, end: int, error: type[Exception] = XSpaceError) -> tuple[int, int]:
+    """(value, position after it) of the varint at buf[pos]; `error` past `end` (hlo.py reads HloProtos with it)."""
     result, shift = 0, 0
     while True:
         if pos >= end or shift > 63:
-            raise XSpaceError(f"a length runs past the end of its data at byte {pos}")
+            raise error(f"a varint runs past the end of its data at byte {pos}")
         byte = buf[pos]
         result |= (byte & 0x7F) << shift
         pos += 1
@@ -154,11 +154,11 @@ def _varint(buf, pos: int, end: int) -> tuple[int, int]:
 def _skip(wire: int, buf, pos: int, end: int) -> int:
     """Position after the value of a field of this wire type (its tag already read)."""
     if wire == 0:
-        return _varint(buf, pos, end)[1]
+        return read_varint(buf, pos, end)[1]
     if wire == 1:
         return pos + 8
     if wire == 2:
-        length, pos = _varint(buf, pos, end)
+        length, pos = read_varint(buf, pos, end)
         return pos + length
     if wire == 5:
         return pos + 4
@@ -250,10 +250,10 @@ class XSpaceFile:
         while pos < end:
             if pos + 20 > window_at + len(window):  # a tag and a length fit in what is read
                 window_at, window = pos, self._read(pos, min(_WINDOW, end - pos))
-            key, after = _varint(window, pos - window_at, len(window))
+            key, after = read_varint(window, pos - window_at, len(window))
             number, wire = key >> 3, key & 7
             if wire == 2:
-                length, value_at = _varint(window, after, len(window))
+                length, value_at = read_varint(window, after, len(window))
                 value_at += window_at
             else:
                 value_at = after + window_at
@@ -347,13 +347,13 @@ class XSpaceFile:
                 if line.name:
                     return  # the rest is events (and a display name, read with them when needed)
             elif number == 1 and wire == 0:
-                line.id = _signed(_varint(data, 0, len(data))[0])
+                line.id = _signed(read_varint(data, 0, len(data))[0])
             elif number == 2 and data is not None:
                 line.name = data.decode(errors="replace")
             elif number == 11 and data is not None:
                 line.display_name = data.decode(errors="replace")
             elif number == 3 and wire == 0:
-                line.timestamp_ns = _signed(_varint(data, 0, len(data))[0])
+                line.timestamp_ns = _signed(read_varint(data, 0, len(data))[0])
 
     def events(self, line: Line, block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
         """The line's events, a block of whole events at a time, headers decoded (see Block)."""
@@ -368,7 +368,7 @@ class XSpaceFile:
                 yield block
                 pos += stop
             elif data[0] == _EVENT_TAG:  # one event larger than a block: read it whole
-                length, value_at = _varint(self._read(pos, 11), 1, 11)
+                length, value_at = read_varint(self._read(pos, 11), 1, 11)
                 if pos + value_at + length > end:
                     raise XSpaceError(f"an event at byte {pos} runs past the end of its line")
                 block, data = _decode(self._read(pos, value_at + length), [0]), None
@@ -394,7 +394,7 @@ def _walk(data: bytes, end: int) -> tuple[list[int], int]:
             nxt = pos + 2 + length
         else:
             try:
-                length, after = _varint(data, pos + 1, end)
+                length, after = read_varint(data, pos + 1, end)
             except XSpaceError:
                 break
             nxt = after + length

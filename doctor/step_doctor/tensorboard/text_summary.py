@@ -19,19 +19,15 @@ from pathlib import Path
 
 from step_doctor import diagnose as analyser
 from step_doctor.errors import UserError
+from step_doctor.tensorboard import comparison
 
 SUFFIX = ".step-doctor"
 DIAGNOSIS_TAG = "step_doctor/diagnosis"
 COMPARISON_TAG = "step_doctor/comparison"
-COMPARED = (  # (label, key in report.json's rows, decimals, unit)
-    ("examples/s", "examples_per_sec", 0, ""),
-    ("step time", "step_time_ms", 1, " ms"),
-    ("waiting for input (profiler)", "input_bound_percent", 1, " %"),
-    ("device busy (profiler)", "device_busy_percent", 1, " %"),
-    ("GPU utilization (NVML)", "gpu_utilization_percent", 1, " %"),
-    ("SM activity (NVML GPM)", "sm_activity_percent", 1, " %"),
-    ("CPU utilization", "cpu_utilization_percent", 1, " %"),
-)
+# The figures a summary compares, as the Compare view shows them (comparison.ROWS): throughput and utilization.
+SUMMARIZED = {"examples_per_sec", "step_time_ms", "input_bound_percent", "device_busy_percent"}
+SUMMARIZED |= {"gpu_utilization_percent", "sm_activity_percent", "cpu_utilization_percent"}
+COMPARED = tuple(row for row in comparison.ROWS if row[1] in SUMMARIZED)
 
 
 def _cell(text) -> str:

@@ -35,6 +35,10 @@ def make_vet(load, found, spec, replicas: int, start_shuffle: int):
     def vet(best: dict, candidate: dict) -> str | None:
         try:
             cand = resolved(candidate)
+            if cand.task == "text":  # its cache is token ids (about 4 bytes a token) and its shuffle no knob here
+                now = resolved(best)
+                same = (cand.text.pipeline, cand.train) == (now.text.pipeline, now.train)
+                return "the same settings once auto is resolved" if same else None
             cand_cache = pipeline.memory_cache_mb(cand.pipeline, spec, spec.num_train)
         except UserError as error:
             return f"not valid here: {str(error)[:200]}"
@@ -54,7 +58,7 @@ def make_vet(load, found, spec, replicas: int, start_shuffle: int):
 
 def main(opts: TuneOptions) -> int:
     began = time.monotonic()
-    scenario = scenario_lib.resolve(opts.scenario)
+    scenario = scenario_lib.for_preset(opts.scenario, opts.config)
     layers = scenario.overlays + [str(files.project_file(layer)) for layer in opts.overlays]
     config_path = files.project_file(opts.config)
 
@@ -91,7 +95,13 @@ def main(opts: TuneOptions) -> int:
         measure.close()
     points = [("tune/ratio_vs_best", row["gain"], row["trial"]) for row in result["trials"] if "gain" in row]
     points += [
-        ("tune/best_examples_per_sec", row["best_rate"], row["trial"]) for row in result["trials"] if "gain" in row
+        (
+            f"tune/best_{'real_tokens' if result.get('task') == 'text' else 'examples'}_per_sec",
+            row["best_rate"],
+            row["trial"],
+        )
+        for row in result["trials"]
+        if "gain" in row
     ]
     files.write_scalars(out / "tb", points)
     print()

@@ -14,7 +14,13 @@ from train.core import files
 from train.core.errors import UserError
 
 OPTIMIZED = "configs/optimized.yaml"
+TEXT_OPTIMIZED = "configs/text/optimized.yaml"
 _MISSING = object()
+
+
+def per_s(result: dict) -> str:
+    """The unit of the rates: real tokens/s for the text task, examples/s for images."""
+    return "tokens/s" if result.get("task") == "text" else "ex/s"
 
 
 def flatten(values: dict, prefix: str = "") -> dict:
@@ -74,14 +80,22 @@ def tuned_header(result: dict) -> str:
     ]
     if final:
         lines += [
-            f"start {final['start_rate']:,.0f} ex/s, tuned {final['tuned_rate']:,.0f} ex/s (medians of the final "
+            f"start {final['start_rate']:,.0f} {per_s(result)}, tuned {final['tuned_rate']:,.0f} "
+            f"{per_s(result)} (medians of the final "
             f"check, {result['final_rounds']} interleaved rounds)",
             f"gain x{final['gain']:.3f} (median of per-round ratios; quartiles {final['q1']:.3f}-{final['q3']:.3f}, "
             f"min-max {final['min']:.3f}-{final['max']:.3f}; A/A noise {final['noise']:.3f})",
         ]
     else:
         lines.append(result["note"])
-    batch = (result["overlay"] or {}).get("pipeline", {}).get("batch_size")
+    overlay = result["overlay"] or {}
+    batch = overlay.get("pipeline", {}).get("batch_size")
+    budget = overlay.get("text", {}).get("pipeline", {}).get("token_budget")
+    if budget is not None:
+        lines.append(
+            f"text.pipeline.token_budget {budget} with train.learning_rate scaled linearly: this changes what is "
+            "learned"
+        )
     if batch is not None:
         lines.append(
             f"pipeline.batch_size {batch} with train.learning_rate scaled linearly: this changes what is learned"
@@ -103,6 +117,7 @@ def train_command(result: dict) -> str:
     arguments = [f"--overlay {shlex.quote(str(layer))}" for layer in layers]
     arguments += [f"--set {shlex.quote(item)}" for item in sets]
     config = result.get("config_path", OPTIMIZED)
-    if files.project_file(config).resolve() == files.project_file(OPTIMIZED).resolve():
-        return 'make train-optimized ARGS="' + " ".join(arguments) + '"'
+    for preset, task in ((OPTIMIZED, ""), (TEXT_OPTIMIZED, " TASK=text")):
+        if files.project_file(config).resolve() == files.project_file(preset).resolve():
+            return f'make train-optimized{task} ARGS="' + " ".join(arguments) + '"'
     return " ".join(["python -m train fit --config", shlex.quote(str(config)), *arguments])

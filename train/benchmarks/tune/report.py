@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from train.benchmarks import charts
-from train.benchmarks.tune.overlay import flatten, train_command
+from train.benchmarks.tune.overlay import flatten, per_s, train_command
 from train.benchmarks.tune.search import fmt
 
 
@@ -23,7 +23,7 @@ def markdown(result: dict) -> str:
         "",
         "![search](tune.png)",
         "",
-        "| # | knob | from -> to | ratio vs best (quartiles) | A/A noise | needs | best ex/s | kept |",
+        f"| # | knob | from -> to | ratio vs best (quartiles) | A/A noise | needs | best {per_s(result)} | kept |",
         "|---|---|---|---:|---:|---:|---:|:---:|",
     ]
     for row in result["trials"]:
@@ -50,8 +50,9 @@ def markdown(result: dict) -> str:
         lines += [
             "",
             f"Final check, tuned against start, {result['final_rounds']} rounds: start {final['start_rate']:,.0f} "
-            f"ex/s, tuned {final['tuned_rate']:,.0f} ex/s, **x{final['gain']:.3f}** (quartiles {final['q1']:.3f}-"
-            f"{final['q3']:.3f}, min-max {final['min']:.3f}-{final['max']:.3f}; A/A noise {final['noise']:.3f}): "
+            f"{per_s(result)}, tuned {final['tuned_rate']:,.0f} {per_s(result)}, **x{final['gain']:.3f}** "
+            f"(quartiles {final['q1']:.3f}-{final['q3']:.3f}, min-max {final['min']:.3f}-{final['max']:.3f}; "
+            f"A/A noise {final['noise']:.3f}): "
             + ("faster beyond the noise." if final["faster"] else "not faster beyond the noise."),
         ]
         for name, row in final["against"].items():
@@ -72,7 +73,7 @@ def markdown(result: dict) -> str:
 
 def chart(result: dict, path: Path) -> None:
     """Each measured candidate's ratio against the best (median, quartile bar) with the bar it had to
-    clear; kept green, not kept grey; the final check in blue. Below: the best's examples/s."""
+    clear; kept green, not kept grey; the final check in blue. Below: the best's rate (per_s)."""
     plt = charts.pyplot()
     rows = [row for row in result["trials"] if "gain" in row]
     final = result["final"]
@@ -114,7 +115,7 @@ def chart(result: dict, path: Path) -> None:
     if final:
         rates.append(final["tuned_rate"])
     bottom.step(range(len(rates)), rates, where="mid", color="#1f77b4")
-    bottom.set_ylabel("best ex/s")
+    bottom.set_ylabel(f"best {per_s(result)}")
     bottom.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize=7)
     fig.tight_layout()
     charts.save(fig, path)
@@ -130,7 +131,8 @@ def summary(result: dict) -> str:
     final = result["final"]
     if final:
         lines.append(
-            f"Final check: start {final['start_rate']:,.0f} ex/s, tuned {final['tuned_rate']:,.0f} ex/s, "
+            f"Final check: start {final['start_rate']:,.0f} {per_s(result)}, tuned {final['tuned_rate']:,.0f} "
+            f"{per_s(result)}, "
             f"x{final['gain']:.3f} (quartiles {final['q1']:.3f}-{final['q3']:.3f}, A/A noise {final['noise']:.3f})"
         )
     if result["tuned_path"]:

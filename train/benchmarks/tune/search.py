@@ -111,7 +111,7 @@ class _Searcher:
     def estimate(self, done: int) -> str:
         per = statistics.mean(self.durations) if self.durations else self.first_guess_s
         left = min(max(0.0, self.deadline - self.reserve(per) - self.clock()), (self.total - done) * per)
-        rate = f"best {self.best_rate:,.0f} ex/s, " if self.best_rate else ""
+        rate = f"best {self.best_rate:,.0f}/s, " if self.best_rate else ""
         return f"{rate}about {left / 60:.1f} min of search left"
 
     def same(self, a: dict, b: dict) -> bool:  # a key set to the config's own value is the same as no key
