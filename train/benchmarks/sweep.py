@@ -145,7 +145,8 @@ def chart(result: dict, path: Path) -> None:
     highs = [p["examples_per_sec"]["max"] - m for m, p in zip(medians, ok)]
     left.errorbar(xs, medians, yerr=[lows, highs], fmt="o-", capsize=3)
     left.set_xscale("log", base=2)
-    left.set_xlabel("batch size" + (" (texts of the longest length)" if result.get("task") == "text" else ""))
+    batch_label = "batch size" + (" (texts of the longest length)" if result.get("task") == "text" else "")
+    left.set_xlabel(batch_label)
     left.set_ylabel(f"{result.get('unit', 'examples/s')} (median, min-max)")
     left.set_title(f"Throughput - largest batch that fit: {result['largest_batch_that_fit']}")
     for key, label in (
@@ -158,7 +159,7 @@ def chart(result: dict, path: Path) -> None:
             right.plot(*zip(*values), "o-", label=label)
     right.set_xscale("log", base=2)
     right.set_ylim(0, 105)
-    right.set_xlabel("batch size")
+    right.set_xlabel(batch_label)
     right.set_ylabel("% of time")
     right.set_title("Utilization")
     right.legend(fontsize=8)
