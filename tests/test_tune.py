@@ -16,6 +16,7 @@ from train import config
 from train.benchmarks import stats
 from train.benchmarks.tune import command, overlay, space
 from train.benchmarks.tune import search as search_lib
+from train.core.errors import UserError
 
 SPREAD = (-1.0, -0.5, 0.0, 0.5, 1.0)  # inclusive quartiles at -0.5 and 0.5: IQR = 1 x the scale
 
@@ -265,6 +266,24 @@ def test_nothing_is_written_when_no_candidate_beats_the_start(tmp_path):
     assert result["final"] is None and result["tuned_path"] is None
     assert len(measure.calls) == 4  # no final check: there is nothing to check
     assert not (tmp_path / "tuned.yaml").exists()
+
+
+def test_a_search_that_measured_nothing_does_not_say_no_candidate_was_faster(tmp_path):
+    measure = FakeMeasure(FACTORS, BASE)
+    result = run(measure, tmp_path, budget_s=40.0)  # 20 s a candidate and 30 s of final check: none fits
+    assert result["stopped"] == "budget" and not measure.calls and result["final"] is None
+    assert result["note"] == command.NOTHING_MEASURED and "no candidate was measured" in result["note"]
+
+
+def test_a_budget_that_cannot_hold_one_candidate_is_refused_with_the_minutes_that_would(tmp_path):
+    """As measured for the text preset on a 2-core CPU without bf16 units: a 15.8 s trial (whole epochs),
+    a 300 s candidate, a 518 s final check: ten minutes hold none of them."""
+    command.check_budget(600.0, 40.0, 100.0, 200.0, 5.0)  # fits: no error
+    with pytest.raises(UserError) as refused:
+        command.check_budget(600.0, 43.7, 300.4, 518.5, 15.8)
+    text = str(refused.value)
+    assert "--minutes 10 cannot hold one candidate" in text and "15.8 s" in text
+    assert 'ARGS="--minutes 25"' in text  # 43.7 + 3 x 300.4 + 518.5 s, in whole minutes
 
 
 def test_the_overlay_holds_only_changed_knobs_and_loads_through_config_validation(tmp_path):

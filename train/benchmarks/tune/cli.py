@@ -119,8 +119,15 @@ def search_and_write(opts, measure, start, base, knobs, began, spec, found, scen
     timed = time.monotonic()
     first.trial(opts.trials.seconds, MIN_CALLS)
     first.samples.clear()
-    per_round = 3 * (time.monotonic() - timed) * 1.15
+    trial_s = time.monotonic() - timed
+    per_round = 3 * trial_s * 1.15
     reference = command.load_reference(opts, scenario)
+    first_guess_s = prepare_s + opts.trials.rounds * per_round
+    final_guess_s = (1 + len(reference)) * prepare_s + opts.final_rounds * per_round * (3 + len(reference)) / 3
+    reserve_s = command.final_reserve(
+        first_guess_s, final_guess_s, prepare_s, opts.trials.rounds, opts.final_rounds, len(reference)
+    )
+    command.check_budget(opts.minutes * 60, time.monotonic() - began, first_guess_s, reserve_s, trial_s)
     start_shuffle = load(start).pipeline.shuffle_buffer
     return command.run(
         start,
@@ -132,8 +139,8 @@ def search_and_write(opts, measure, start, base, knobs, began, spec, found, scen
         budget_s=opts.minutes * 60,
         rounds=opts.trials.rounds,
         final_rounds=opts.final_rounds,
-        first_guess_s=prepare_s + opts.trials.rounds * per_round,
-        final_guess_s=(1 + len(reference)) * prepare_s + opts.final_rounds * per_round * (3 + len(reference)) / 3,
+        first_guess_s=first_guess_s,
+        final_guess_s=final_guess_s,
         prepare_s=prepare_s,
         facts=command.facts_of(opts, found, spec, scenario, tuned_path if start else None),
         vet=make_vet(load, found, spec, setup.plan(load(start), found, spec).replicas, start_shuffle),

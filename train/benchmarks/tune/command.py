@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -23,9 +24,11 @@ from train.benchmarks import stats
 from train.benchmarks.options import TuneOptions
 from train.benchmarks.tune import overlay as overlay_lib
 from train.benchmarks.tune import report
+from train.benchmarks.tune.measure import MIN_CALLS as MIN_TRIAL_CALLS
 from train.benchmarks.tune.search import Measure, changes, search, short
 from train.benchmarks.tune.space import Knob
 from train.core import files
+from train.core.errors import UserError
 
 
 class Final(enum.Enum):
@@ -85,6 +88,36 @@ NOTES = {
     ),
 }
 
+NOTHING_MEASURED = "no candidate was measured (every one skipped, or none fitted the budget): nothing to write"
+
+
+def final_reserve(
+    per_trial_s: float, final_guess_s: float, prepare_s: float, rounds: int, final_rounds: int, references: int
+) -> float:
+    """Seconds kept aside for the final check. A search trial measures 3 views for `rounds` rounds; the final
+    check 3 + `references` views for `final_rounds`, after building the start and each reference again:
+    scaled from the search's trials as measured."""
+    views = 3 + references
+    return max(final_guess_s, (1 + references) * prepare_s + per_trial_s * final_rounds * views / (3 * rounds))
+
+
+def check_budget(budget_s: float, spent_s: float, first_guess_s: float, reserve_s: float, trial_s: float) -> None:
+    """Refuse a budget that cannot hold one candidate and the final check, with the minutes that would hold
+    three: a search that measures nothing would report the start as the best it found."""
+    one = spent_s + first_guess_s + reserve_s
+    if one <= budget_s:
+        return
+    from train.benchmarks.trials import EPOCH_ALIGN_MAX_S  # TensorFlow, only on this path
+
+    three = math.ceil((spent_s + 3 * first_guess_s + reserve_s) / 60)
+    raise UserError(
+        f"--minutes {budget_s / 60:g} cannot hold one candidate here: one trial of the start took {trial_s:.1f} s "
+        f"on this machine (a trial lasts at least {MIN_TRIAL_CALLS} executions, and whole epochs where one takes at "
+        f"most {EPOCH_ALIGN_MAX_S:.0f} s), so a candidate takes about {first_guess_s / 60:.1f} min and the "
+        f"final check about {reserve_s / 60:.1f} min, after {spent_s / 60:.1f} min of set-up. Pass a larger budget, "
+        f'e.g. ARGS="--minutes {three}" (about three candidates), or --only KNOB to search fewer knobs.'
+    )
+
 
 def run(
     start: dict,
@@ -116,7 +149,6 @@ def run(
     in the final check's rounds too. Returns what tune.json holds.
     """
     began = clock() if began is None else began
-    views = 3 + len(reference or {})
     found = search(
         start,
         knobs,
@@ -124,10 +156,8 @@ def run(
         rounds=rounds,
         deadline=began + budget_s,
         first_guess_s=first_guess_s,
-        # A search trial measures 3 views for `rounds` rounds; the final check `views` for `final_rounds`,
-        # after building the start and each reference again: scaled from the trials as measured.
-        reserve=lambda per_trial_s: max(
-            final_guess_s, (1 + len(reference or {})) * prepare_s + per_trial_s * final_rounds * views / (3 * rounds)
+        reserve=lambda per_trial_s: final_reserve(
+            per_trial_s, final_guess_s, prepare_s, rounds, final_rounds, len(reference or {})
         ),
         vet=vet,
         base=base,
@@ -136,6 +166,7 @@ def run(
         progress=progress,
     )
     outcome, final = Final.NOT_RUN, None
+    note = NOTES[Final.NOT_RUN] if any("gain" in row for row in found.trials) else NOTHING_MEASURED
     if found.best != start:
         outcome, final = final_check(measure, start, found.best, final_rounds, reference, say)
     else:
@@ -150,7 +181,7 @@ def run(
         "final_outcome": outcome.value,
         "overlay": overlay_lib.overlay(found.best, base) if written else None,
         "tuned_path": str(tuned_path) if written else None,
-        "note": NOTES.get(outcome),
+        "note": note if outcome is Final.NOT_RUN else NOTES.get(outcome),
     }
     if not written and tuned_path.exists():
         result["note"] = (result["note"] or "") + f"; {tuned_path} left as it was"
