@@ -181,7 +181,9 @@ def test_the_same_pipeline_is_input_bound_under_a_fast_model_and_device_bound_un
     files = profiled.files
     fast_ratio = user_pipelines.matched(files, fast_case)["ratio"]
     slow_ratio = user_pipelines.matched(files, slow_case)["ratio"]
-    assert fast_ratio <= 0.5 and slow_ratio >= 2.5, (fast_ratio, slow_ratio)  # what the two verdicts below need
+    # What the two verdicts below need: the map runs ahead by its two calls, so the fast model waits about 1 - ratio
+    # of its step (input-bound from 20 %). On a 2-core AMD EPYC without bf16 units the narrowest model reads 0.51.
+    assert fast_ratio <= 0.7 and slow_ratio >= 2.5, (fast_ratio, slow_ratio)
     assert fast["verdict"] == "input-bound", (fast_ratio, fast["profile"]["input_bound_percent"])
     assert slow["verdict"] == "device-bound", (slow_ratio, slow["profile"]["input_bound_percent"])
     (ranked,) = _listed(fast, "no-prefetch")
