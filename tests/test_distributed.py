@@ -108,7 +108,7 @@ def launch_command(tiny_data_dir: Path, runs: Path, epochs: int = 2) -> list[str
     ]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(360)
 def test_a_dying_worker_stops_the_run_with_a_clear_error_in_bounded_time(tiny_data_dir, tmp_path):
     launcher = subprocess.Popen(
@@ -362,7 +362,7 @@ def start_service_pair(env) -> tuple[subprocess.Popen, subprocess.Popen]:
 @pytest.mark.parametrize(
     "stop",
     [
-        signal.SIGTERM,
+        pytest.param(signal.SIGTERM, marks=pytest.mark.long),
         pytest.param(signal.SIGTERM, marks=pytest.mark.long),
         pytest.param(signal.SIGINT, marks=pytest.mark.long),
     ],

@@ -129,7 +129,7 @@ print("output shape", tuple(model(np.zeros((4, *model.input_shape[1:]), np.uint8
 """
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_augmentation_on_the_device_trains_and_the_model_loads_in_a_fresh_process(tiny_sets):
     cfg = config.load(
         ROOT / "configs/optimized.yaml",

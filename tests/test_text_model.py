@@ -58,7 +58,12 @@ def test_padding_and_packing_do_not_change_a_texts_logits():
 
 @pytest.mark.parametrize(
     "preset, changes",
-    [("naive", {}), ("optimized", {}), ("optimized", {"batching": "pack"}), ("optimized", {"batching": "pad_batch"})],
+    [
+        ("naive", {}),
+        pytest.param("optimized", {}, marks=pytest.mark.long),  # trained by test_text_run.py's own-CSV test
+        ("optimized", {"batching": "pack"}),
+        pytest.param("optimized", {"batching": "pad_batch"}, marks=pytest.mark.long),
+    ],
 )
 def test_every_preset_trains_a_few_steps(tiny_text_spec, preset, changes):  # noqa: F811
     spec = tiny_text_spec

@@ -108,6 +108,21 @@ def _first(item: dict) -> tuple[str | None, float | None]:
     return (recs[0]["cause"], recs[0]["estimated_gain"]) if recs else (NONE, None)
 
 
+TIE = 0.03  # two speed fixes whose estimated gains are this close (relative) rank by run-to-run noise
+
+
+def first_or_tied(item: dict, causes: list) -> tuple[str | None, float | None]:
+    """The first recommendation, or the one of `causes` whose estimated gain ties with it (within TIE): on a
+    2-core AMD EPYC without bf16 units many_files_sequential read heavy-map 1.21x, sequential-file-reads 1.20x."""
+    cause, gain = _first(item)
+    if cause in causes or gain is None:
+        return cause, gain
+    for rec in item["recommendations"][1:]:
+        if rec["cause"] in causes and rec["kind"] == "speed" and rec["estimated_gain"] >= gain * (1 - TIE):
+            return rec["cause"], rec["estimated_gain"]
+    return cause, gain
+
+
 def mismatches(expected: dict, item: dict) -> list[str]:
     """What differs between one case's record and one diagnosis of it (empty: it agrees)."""
     found = []
@@ -117,8 +132,8 @@ def mismatches(expected: dict, item: dict) -> list[str]:
         return found  # TensorFlow 2.17 lost part of the trace: the diagnosis says so; ranks are not comparable
     if any(note.startswith(xla.UNRECORDED) for note in item.get("notes", ())):
         return found  # TensorFlow 2.17's XLA on a CPU records nothing: no gain is estimated (diagnose/xla.py)
-    cause, gain = _first(item)
     allowed = _listed(expected["first"])
+    cause, gain = first_or_tied(item, allowed)
     # Where the record saw several first causes (a pipeline with nothing planted), all of them small, which small
     # fix ranks first is noise: another cause is accepted as long as it is as small.
     small = len(allowed) > 1 and gain is not None and gain <= max(expected["gain"][1], SMALL_GAIN)

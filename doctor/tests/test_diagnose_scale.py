@@ -446,7 +446,7 @@ def test_steps_per_execution_reads_one_iterator_several_times_per_call(profiles)
     assert "each 4 training steps (steps_per_execution)" in diagnose_text(item)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_replicas_of_a_distribution_strategy_are_no_steps_per_execution(tmp_path):
     """MirroredStrategy over two (logical) devices: each step reads one batch per replica, from an iterator of its
     own, so two reads in a step are two replicas, not two steps of steps_per_execution."""

@@ -29,16 +29,17 @@ LOOP_PLANTED = {  # the custom-loop scripts and the user's own TensorBoard callb
 ALL_PLANTED = {**PLANTED, **LOOP_PLANTED}
 # `make test` runs a Keras fit script and the two custom loops through the CLI (the in-process corpus covers every
 # planted cause in the fast tests, and the own-TensorBoard case has its own test below); `make test-long`, all.
-MAKE_TEST = {"numpy_function_map"}
+MAKE_TEST = set()  # make test profiles unmodified scripts in test_profile.py and the two-worker case below
 
 
 @pytest.fixture(scope="module")
 def corpus_files(tmp_path_factory) -> Path:
-    return user_pipelines.save_files(tmp_path_factory.mktemp("corpus-files"))
+    return user_pipelines.save_files(tmp_path_factory.mktemp("corpus-files"), match=())
 
 
 def profile_script(case: str, files: Path, where: Path, *args: str, timeout: float = 600) -> dict:
     """`step-doctor profile --json -- python tests/user_pipelines.py CASE FILES` from `where`: its document."""
+    user_pipelines.save_matched(files, case)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     command = [sys.executable, str(DOCTOR / "tests" / "user_pipelines.py"), case, str(files)]
     done = subprocess.run(

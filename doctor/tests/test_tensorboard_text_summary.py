@@ -84,7 +84,7 @@ model.fit(ds, steps_per_epoch=40, epochs=1, verbose=0)
 """
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_step_doctor_profile_writes_the_verdict_for_the_text_tab(tmp_path):
     (tmp_path / "my_train.py").write_text(FIT)
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

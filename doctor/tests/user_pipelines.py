@@ -164,7 +164,8 @@ def match_width(dataset, ratio: float) -> dict:
 
 
 def matched(files: dict, case: str) -> dict:
-    """match_width for `case`'s pipeline, measured once per files (kept in files["matched"], saved by save_files)."""
+    """match_width for `case`'s pipeline, measured once per files (kept in files["matched"]; save_matched writes
+    it for scripts)."""
     pipeline, ratio = MATCHED[case]
     found = files.setdefault("matched", {})
     if case not in found:
@@ -650,15 +651,28 @@ LOOPS = {
 }
 
 
-def save_files(root: Path) -> Path:
-    """make_files once, with its arrays saved beside the files, for scripts that load them (load_files)."""
+def save_files(root: Path, match=MATCHED) -> Path:
+    """make_files once, with its arrays saved beside the files, for scripts that load them (load_files); the
+    models of the `match` cases matched to this machine (save_matched)."""
     files = make_files(root)
     np.savez(root / "arrays.npz", images=files["images"], image_labels=files["image_labels"])
-    for case in MATCHED:  # measured here: a script that profile runs must not train anything but its case
-        matched(files, case)
-    (root / "matched.json").write_text(json.dumps(files["matched"]))
     (root / "paths.txt").write_text("\n".join(files["jpegs"] + ["--"] + files["shards"]))
+    (root / "matched.json").write_text("{}")
+    for case in match:
+        save_matched(root, case)
     return root
+
+
+def save_matched(root: Path, case: str) -> None:
+    """Measured here, before a script runs `case`: a script that profile runs must not train anything but its
+    case. Each match costs 5-20 s, so a test session matches only the cases it runs."""
+    if case not in MATCHED:
+        return
+    found = json.loads((root / "matched.json").read_text())
+    if case not in found:
+        files = load_files(root)
+        found[case] = matched(files, case)
+        (root / "matched.json").write_text(json.dumps(found))
 
 
 def load_files(root: Path) -> dict:
