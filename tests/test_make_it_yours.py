@@ -67,8 +67,8 @@ def follow_make_it_yours(fork: Path, images: Path) -> str:
 
 # make test: the walk-through to `make data` and the fast tests that train there; make test-long: `make compare`
 # in the fork too, then every fast test.
-@pytest.mark.slow
-@pytest.mark.parametrize("compare", [False, pytest.param(True, marks=pytest.mark.long)], ids=["data", "compare"])
+@pytest.mark.long
+@pytest.mark.parametrize("compare", [False, True], ids=["data", "compare"])
 def test_make_it_yours_walkthrough_trains_and_reports_and_the_fast_tests_still_pass(tmp_path, compare):
     fork = _fork(tmp_path)
     # Step 2: a folder of images per class (about 300 training images).

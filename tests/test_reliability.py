@@ -125,7 +125,7 @@ def test_checkpoints_are_written_atomically_and_partial_ones_are_ignored(tiny_se
     assert not half.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(tmp_path):
     sets = [f"data.data_dir={tmp_path}", "data.num_train=4000", "data.num_val=500", "data.num_shards=4"]
     command = train_command("data", "--config", "configs/base.yaml", *set_args(sets))
@@ -154,7 +154,7 @@ def test_interrupted_data_preparation_leaves_nothing_and_the_next_run_finishes(t
     assert spec.num_train == 4000
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_sigterm_mid_run_saves_a_checkpoint_exits_143_and_the_rerun_resumes_to_the_same_weights(
     tiny_data_dir, tmp_path
 ):
@@ -276,7 +276,7 @@ def test_damaged_shard_stops_the_run_naming_shard_and_record(tiny_data_dir, tmp_
     assert not list(cfg.run_dir.rglob("*.tmp")) and not (cfg.run_dir / "summary.json").exists()
 
 
-@pytest.mark.parametrize("preset", [pytest.param("naive", marks=pytest.mark.slow), "optimized"])
+@pytest.mark.parametrize("preset", [pytest.param("naive", marks=pytest.mark.long), "optimized"])
 def test_skip_corrupt_trains_on_the_rest_and_counts_what_it_skipped(tiny_data_dir, tmp_path, preset):
     copy, spec = copy_dataset(tiny_data_dir, tmp_path)
     damage(spec.train_files[0], "bitflip")

@@ -274,7 +274,7 @@ def test_a_script_killed_by_sigterm_before_the_window(tmp_path):
     assert "was killed by SIGTERM after" in paragraph and "never trained" in paragraph
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_process_that_dies_inside_the_profilers_stop_is_named_not_taken_for_one_that_never_trained(tmp_path):
     """TensorFlow's stop crashes natively now and then under MultiWorkerMirroredStrategy (3 of 34 runs of two
     workers here); an abort in its place stands in for that crash, in a real profiled process."""
