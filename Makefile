@@ -106,7 +106,7 @@ tensorboard: setup ## Serve runs/ with the Diagnose and Profile tabs on http://1
 # ARGS go to both pytest runs (e.g. ARGS="-x -k corpus").
 TEST_BOTH = $(PY) -m pytest -m "$(1)" $(ARGS) && cd doctor && $(abspath $(PY)) -m pytest -m "$(1) and not install" $(ARGS)
 
-test: setup ## Run the test suite CI runs: fast and slow tests of the template and the doctor (CPU, under 10 minutes on 2 cores)
+test: setup ## Run the test suite CI runs: fast and slow tests of the template and the doctor (CPU, 9-12 minutes on 2 cores)
 	$(call TEST_BOTH,not long)
 
 test-fast: setup ## Run the tests not marked slow or long (under 90 seconds), for the edit-test loop
