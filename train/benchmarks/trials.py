@@ -278,6 +278,30 @@ def prepare(
     return variant
 
 
+def _alone(make_iterator: Callable, warm_batches: int, seconds: float, count: Callable) -> tuple:
+    """A pipeline pulled alone, without the model, after `warm_batches` (caches filled): (the sums of
+    `count(batch)`'s figures, CPU seconds of every thread, wall seconds, memory growth in MB)."""
+    import psutil
+
+    process = psutil.Process()
+    start_rss = process.memory_info().rss
+    iterator = make_iterator()
+    for _ in range(warm_batches):
+        next(iterator)
+    peak = process.memory_info().rss
+    totals, batches, cpu, started = None, 0, time.process_time(), time.perf_counter()
+    while time.perf_counter() - started < seconds or batches < 5:
+        counted = count(next(iterator))
+        totals = counted if totals is None else tuple(a + b for a, b in zip(totals, counted))
+        batches += 1
+        if batches % 8 == 0:
+            peak = max(peak, process.memory_info().rss)
+    cpu, elapsed = time.process_time() - cpu, time.perf_counter() - started
+    growth = (max(peak, process.memory_info().rss) - start_rss) / 2**20
+    del iterator
+    return totals, cpu, elapsed, growth
+
+
 def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, seconds: float = 3.0) -> dict:
     """The input pipeline alone, without the model: CPU time per example and memory.
 
@@ -285,66 +309,42 @@ def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, second
     `core_seconds_per_example` x a device's examples/s is how many host cores it takes to feed
     that device. Caches are filled first (one epoch), as in the trials.
     """
-    import psutil
-
     made = setup.plan(cfg, found, spec)
     knobs, batch_size = made.cfg.pipeline, made.global_batch
-    process = psutil.Process()
-    start_rss = process.memory_info().rss
-    dataset = training_pipeline(made, spec)
-    iterator = iter(dataset)
     epoch = pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder)
-    for _ in range(epoch + 2 if knobs.cache != "none" else 2):
-        next(iterator)
-    peak = process.memory_info().rss
-    batches, cpu, started = 0, time.process_time(), time.perf_counter()
-    while time.perf_counter() - started < seconds or batches < 5:
-        next(iterator)
-        batches += 1
-        if batches % 8 == 0:
-            peak = max(peak, process.memory_info().rss)
-    examples = batches * batch_size
-    result = {
-        "core_seconds_per_example": (time.process_time() - cpu) / examples,
-        "examples_per_sec_alone": examples / (time.perf_counter() - started),
-        "memory_growth_mb": (max(peak, process.memory_info().rss) - start_rss) / 2**20,
+    (examples,), cpu, elapsed, growth = _alone(
+        lambda: iter(training_pipeline(made, spec)),
+        epoch + 2 if knobs.cache != "none" else 2,
+        seconds,
+        lambda batch: (batch_size,),
+    )
+    return {
+        "core_seconds_per_example": cpu / examples,
+        "examples_per_sec_alone": examples / elapsed,
+        "memory_growth_mb": growth,
     }
-    del iterator
-    return result
 
 
 def text_pipeline_cost(cfg: Config, spec, found: devices.Devices, seconds: float = 3.0) -> dict:
     """The text pipeline alone, without the model: CPU time per real token (padding left out) and memory, as
     pipeline_cost measures an image pipeline; caches filled first (one epoch)."""
     import numpy as np
-    import psutil
 
     from train.text import figures as text_figures
 
     made = setup.plan(cfg, found, spec)
-    process = psutil.Process()
-    start_rss = process.memory_info().rss
-    iterator = iter(training_pipeline(made, spec))
-    for _ in range(made.steps_per_epoch + 2 if cfg.text.pipeline.cache else 2):
-        next(iterator)
-    peak = process.memory_info().rss
-    tokens, texts, batches, cpu, started = 0, 0, 0, time.process_time(), time.perf_counter()
-    while time.perf_counter() - started < seconds or batches < 5:
-        batch = next(iterator)
-        tokens += int(np.count_nonzero(text_figures.token_ids_of(batch)))
-        texts += text_figures.examples_of(batch)
-        batches += 1
-        if batches % 8 == 0:
-            peak = max(peak, process.memory_info().rss)
-    elapsed = time.perf_counter() - started
-    result = {
-        "core_seconds_per_token": (time.process_time() - cpu) / tokens,
+    (tokens, texts), cpu, elapsed, growth = _alone(
+        lambda: iter(training_pipeline(made, spec)),
+        made.steps_per_epoch + 2 if cfg.text.pipeline.cache else 2,
+        seconds,
+        lambda batch: (int(np.count_nonzero(text_figures.token_ids_of(batch))), text_figures.examples_of(batch)),
+    )
+    return {
+        "core_seconds_per_token": cpu / tokens,
         "real_tokens_per_sec_alone": tokens / elapsed,
         "texts_per_sec_alone": texts / elapsed,
-        "memory_growth_mb": (max(peak, process.memory_info().rss) - start_rss) / 2**20,
+        "memory_growth_mb": growth,
     }
-    del iterator
-    return result
 
 
 def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | None = None, clean: bool = False):

@@ -199,7 +199,8 @@ def facts_of(opts: TuneOptions, found, spec, scenario, started_from: Path | None
     """Where, on what and from which config: the overlay's header and tune.json carry these."""
     from train import scenario as scenario_lib
 
-    if getattr(spec, "tokens_train", None) is not None:
+    text = getattr(spec, "tokens_train", None) is not None
+    if text:
         dataset = f"{spec.name} ({spec.num_train} training texts of at most {spec.max_length} tokens, {spec.root})"
     else:
         shape = "x".join(map(str, spec.image_shape))
@@ -207,7 +208,7 @@ def facts_of(opts: TuneOptions, found, spec, scenario, started_from: Path | None
     return {
         "machine": found.describe(),
         "dataset": dataset,
-        "task": "text" if getattr(spec, "tokens_train", None) is not None else "image",
+        "task": "text" if text else "image",
         "scenario": ", ".join(scenario_lib.named(Path(o).stem) for o in scenario.overlays) or "none",
         "scenario_overlays": [
             str(Path(o).relative_to(files.PROJECT_ROOT)) if Path(o).is_relative_to(files.PROJECT_ROOT) else o

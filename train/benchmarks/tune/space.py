@@ -107,14 +107,15 @@ def plan(cfg, spec, found, *, replicas: int = 1, batch: bool = False, only: list
                 "DCT-scaled JPEG decode then resize: pixels differ slightly from a full decode and resize",
             )
         )
-    knobs += _train_knobs(found)[:2]
+    steps_per_execution, precision, xla = _train_knobs(found)
+    knobs += [steps_per_execution, precision]
     knobs.append(Knob("pipeline.max_intra_op_parallelism", [1, 0], "threads one tf.data op may use"))
     knobs.append(Knob("pipeline.private_threadpool_size", _dedupe([cores, 0]), "tf.data's own thread pool"))
     floor = shuffle_floor(p.batch_size * replicas, spec.num_train)
     shuffles = [value for value in (floor, 2 * floor) if value < p.shuffle_buffer]
     if shuffles:
         knobs.append(Knob("pipeline.shuffle_buffer", shuffles, f"never below {floor} (max(1000, 10 batches))"))
-    knobs.append(_train_knobs(found)[2])
+    knobs.append(xla)
     return _only(knobs, only)
 
 
