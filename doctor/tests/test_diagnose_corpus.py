@@ -21,7 +21,7 @@ import keras
 import pytest
 
 from step_doctor import diagnose
-from step_doctor.diagnose import hosttrace
+from step_doctor.diagnose import hosttrace, verdict
 from step_doctor.diagnose import xla as xla_figures
 from step_doctor.diagnose.recommendation import Recommendation
 from step_doctor.diagnose.stalls import working_step
@@ -284,6 +284,26 @@ def test_a_planted_cause_tied_with_the_first_counts_as_first_and_one_behind_does
     expected = {"verdicts": ["input-bound"], "first": "sequential-file-reads", "gain_of": "sequential-file-reads"}
     assert not corpus_expectations.mismatches({**expected, "gain": [1.1, 2.0]}, {**tied, "verdict": "input-bound"})
     assert corpus_expectations.mismatches({**expected, "gain": [1.1, 2.0]}, {**behind, "verdict": "input-bound"})
+
+
+def test_a_verdict_near_its_threshold_may_read_either_side_of_it_and_one_far_from_it_may_not(profiled):
+    item = _only_run(profiled("numpy_function_map_fixed"))
+    profile = item["profile"]
+
+    def reading(input_share: float, host: float) -> dict:
+        wait = {**profile["input_pipeline"], "stall_ms": 0.0, "compile_ms": 0.0}
+        wait["overhead_ms"] = host * profile["step_time_ms"]  # of a step without stall, `host` goes to overhead
+        changed = {**profile, "input_bound_percent": input_share, "input_pipeline": wait}
+        return {**item, "profile": changed, "verdict": verdict.verdict(changed)}
+
+    assert corpus_expectations.verdicts_near(reading(21.0, 0.2)) == {"input-bound", "device-bound"}
+    assert corpus_expectations.verdicts_near(reading(40.0, 0.2)) == {"input-bound"}
+    assert corpus_expectations.verdicts_near(reading(5.0, 0.52)) == {"host-bound", "device-bound"}
+    assert corpus_expectations.verdicts_near(reading(5.0, 0.8)) == {"host-bound"}
+    assert corpus_expectations.verdicts_near(reading(5.0, 0.2)) == {"device-bound"}
+    recorded = {"verdicts": ["device-bound"], "first": None, "gain_of": None, "gain": [1.0, 1.0]}
+    assert not any("verdict" in m for m in corpus_expectations.mismatches(recorded, reading(5.0, 0.52)))
+    assert any("verdict" in m for m in corpus_expectations.mismatches(recorded, reading(5.0, 0.8)))
 
 
 @pytest.mark.parametrize("key", corpus_expectations.keys(user_pipelines.ALL))

@@ -16,6 +16,17 @@ from step_doctor.diagnose.device import DeviceView, view
 from step_doctor.diagnose.stalls import left_out
 from step_doctor.diagnose.wait_record import InputWait
 
+HOST_BOUND = 0.5  # per-step overhead's share of a CPU-only step from which it is host-bound
+
+
+def host_share(profile: dict) -> float:
+    """Of a CPU-only step without its stall, the share per-step overhead and compiling take (0 where unmeasured)."""
+    wait = wait_record.of(profile)
+    if not isinstance(wait, InputWait):
+        return 0.0
+    working = profile["step_time_ms"] - left_out(wait)
+    return ((wait.overhead_ms or 0.0) + (wait.compile_ms or 0.0)) / working if working > 0 else 0.0
+
 
 def verdict(profile: dict, device: DeviceView | None = None) -> str:
     """input-bound, device-bound, host-bound; not-input-bound where a device's share is unmeasured; unknown."""
@@ -26,9 +37,7 @@ def verdict(profile: dict, device: DeviceView | None = None) -> str:
     if share >= INPUT_BOUND:
         return "input-bound"
     if device.cpu_only:  # the CPU is the compute device
-        wait = wait_record.of(profile)
-        host = (wait.overhead_ms or 0.0) + (wait.compile_ms or 0.0) if isinstance(wait, InputWait) else 0.0
-        return "host-bound" if host >= 0.5 * (profile["step_time_ms"] - left_out(wait)) else "device-bound"
+        return "host-bound" if host_share(profile) >= HOST_BOUND else "device-bound"
     if device.busy_percent is None:
         return "not-input-bound"
     return "device-bound" if device.busy_percent >= 50 else "host-bound"
