@@ -56,6 +56,8 @@ def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
     assert saved["cpu_utilization_percent"] is not None
 
 
+@pytest.mark.slow
+@pytest.mark.stack
 def test_the_cpu_scenario_overlay_trains(tiny_sets):
     cfg = config.load(
         ROOT / "configs/optimized.yaml", tiny_sets + UNPROFILED, layers=[ROOT / "configs/scenarios/cpu.yaml"]

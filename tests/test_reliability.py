@@ -262,7 +262,9 @@ def damage(path: str, kind: str) -> int:
 
 
 @pytest.mark.parametrize("preset", ["naive", "optimized"])
-@pytest.mark.parametrize("kind", ["truncated", "bitflip", "bad_jpeg"])
+@pytest.mark.parametrize(
+    "kind", ["truncated", "bitflip", pytest.param("bad_jpeg", marks=[pytest.mark.slow, pytest.mark.stack])]
+)
 def test_damaged_shard_stops_the_run_naming_shard_and_record(tiny_data_dir, tmp_path, preset, kind):
     copy, spec = copy_dataset(tiny_data_dir, tmp_path)
     shard = spec.train_files[1]
@@ -276,7 +278,13 @@ def test_damaged_shard_stops_the_run_naming_shard_and_record(tiny_data_dir, tmp_
     assert not list(cfg.run_dir.rglob("*.tmp")) and not (cfg.run_dir / "summary.json").exists()
 
 
-@pytest.mark.parametrize("preset", [pytest.param("naive", marks=pytest.mark.long), "optimized"])
+@pytest.mark.parametrize(
+    "preset",
+    [
+        pytest.param("naive", marks=pytest.mark.long),
+        pytest.param("optimized", marks=[pytest.mark.slow, pytest.mark.stack]),
+    ],
+)
 def test_skip_corrupt_trains_on_the_rest_and_counts_what_it_skipped(tiny_data_dir, tmp_path, preset):
     copy, spec = copy_dataset(tiny_data_dir, tmp_path)
     damage(spec.train_files[0], "bitflip")
@@ -327,6 +335,8 @@ def nan_after_test(input_shape, num_classes, steps: int = 10):
     return keras.Model(inputs, x)
 
 
+@pytest.mark.slow
+@pytest.mark.stack
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_sets):
     cfg = config.load(
         ROOT / "configs/optimized.yaml", tiny_sets + FOUR_EPOCHS + ["model.name=nan_after_test", "model.steps=10"]

@@ -59,9 +59,9 @@ def test_padding_and_packing_do_not_change_a_texts_logits():
 @pytest.mark.parametrize(
     "preset, changes",
     [
-        ("naive", {}),
+        pytest.param("naive", {}, marks=[pytest.mark.slow, pytest.mark.stack]),
         pytest.param("optimized", {}, marks=pytest.mark.long),  # trained by test_text_run.py's own-CSV test
-        ("optimized", {"batching": "pack"}),
+        pytest.param("optimized", {"batching": "pack"}, marks=[pytest.mark.slow, pytest.mark.stack]),
         pytest.param("optimized", {"batching": "pad_batch"}, marks=pytest.mark.long),
     ],
 )

@@ -161,6 +161,8 @@ def test_bench_and_sweep_batch_measure_the_text_presets_in_real_tokens(tmp_path_
     assert "real tokens/s" in result.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.stack
 def test_own_csv_trains_with_the_optimized_preset_and_serves_raw_strings(tmp_path):
     """A few hundred generated CSV rows, `python -m train fit` with the optimized text preset (in this process)."""
     import keras

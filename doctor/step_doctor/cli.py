@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from step_doctor.errors import Stopped, UserError
@@ -27,6 +28,9 @@ def cmd_diagnose(args) -> int:
 
 
 def cmd_profile(args) -> int:
+    # Before anything starts a thread (numpy's BLAS starts one when imported): a thread that leaves SIGINT and SIGTERM
+    # unblocked takes them in place of the loop that forwards them to the command (profile/runner.py).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     from step_doctor.profile import command
 
     return command.main(args)

@@ -56,6 +56,12 @@ def _fast_dataset():
     return tf.data.Dataset.from_tensors((images, labels)).repeat().prefetch(tf.data.AUTOTUNE)
 
 
+def profiles(test):
+    """The tests that read the profiles below, which train models to make them: make test and the container-stack
+    check run them, make test-fast (the two products side by side) leaves them out."""
+    return pytest.mark.stack(pytest.mark.slow(test))
+
+
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory):
     root = tmp_path_factory.mktemp("logs")
@@ -89,6 +95,7 @@ def no_steps(tmp_path_factory):
     return logdir
 
 
+@profiles
 def test_slow_pipeline_is_input_bound_and_the_python_map_is_named(logs):
     item = diagnose.diagnose(logs / "slow")["runs"]["."]
     assert item["verdict"] == "input-bound" and not item["steps_inferred"]
@@ -101,6 +108,7 @@ def test_slow_pipeline_is_input_bound_and_the_python_map_is_named(logs):
     assert "MapAndBatch" in top["evidence"] and "%" in top["evidence"]
 
 
+@profiles
 def test_fast_pipeline_is_not_input_bound(logs):
     item = diagnose.diagnose(logs / "fast")["runs"]["."]
     assert item["verdict"] != "input-bound"
@@ -109,6 +117,7 @@ def test_fast_pipeline_is_not_input_bound(logs):
     assert not input_causes & {rec["cause"] for rec in item["recommendations"]}
 
 
+@profiles
 def test_stock_callback_profiles_get_an_inferred_verdict(logs):
     result = diagnose.diagnose(logs)
     fast, slow = result["runs"]["stock_fast/train"], result["runs"]["stock_slow/train"]
@@ -123,6 +132,7 @@ def test_stock_callback_profiles_get_an_inferred_verdict(logs):
     assert "INPUT-BOUND (inferred steps)" in text and "Profiled batch events" in text
 
 
+@profiles
 def test_several_runs_get_one_summary_line_each_then_details(logs):
     text = diagnose.render(diagnose.diagnose(logs))
     head = text.split("\n\n")[0].splitlines()
@@ -131,6 +141,7 @@ def test_several_runs_get_one_summary_line_each_then_details(logs):
     assert text.count("== ") == 4
 
 
+@profiles
 def test_cores_the_profile_does_not_record_are_said_to_be_unknown(logs):
     """tf.data records its cores on the Root iterator (cpu_budget, threadpool_size); where a profile lacks them
     (another TensorFlow, a capture without the Root's events), estimates must not claim the profile said so."""
@@ -152,6 +163,7 @@ def _claimed_gpu(logs, tmp_path, name):
     return run
 
 
+@profiles
 def test_a_gpu_run_without_device_trace_says_why_and_how_to_fix_it(logs, tmp_path):
     fast = diagnose.diagnose(_claimed_gpu(logs, tmp_path, "fast"))["runs"]["."]
     assert fast["verdict"] == "not-input-bound"  # not "device-bound" from the host's figures
@@ -165,6 +177,7 @@ def test_a_gpu_run_without_device_trace_says_why_and_how_to_fix_it(logs, tmp_pat
     assert slow["recommendations"][0]["cause"] == "python-in-map"
 
 
+@profiles
 def test_a_device_plane_without_events_is_no_device_busy_figure_of_zero(logs, tmp_path):
     """A profile whose own metadata names a GPU (a /device:GPU:0 plane, as the GPU tracer adds one) without a
     single device event: xprof calls it a GPU profile with no device compute; diagnose must not report 0 % busy."""
@@ -188,6 +201,7 @@ def test_a_device_plane_without_events_is_no_device_busy_figure_of_zero(logs, tm
     assert "device busy: not measured" in diagnose.render({"runs": {".": item}})
 
 
+@profiles
 def test_the_profilers_own_errors_reach_the_diagnosis(logs, tmp_path):
     """TensorFlow writes what went wrong while capturing into the profile (XSpace errors), e.g. CUPTI refusing a
     non-root process the GPU trace (the text of TF's CuptiTracer::ErrorIfAny). Without summary.json, that error alone
@@ -259,6 +273,7 @@ def test_folder_without_profiles_is_a_clear_error(tmp_path):
         diagnose.diagnose(tmp_path)
 
 
+@profiles
 def test_cli_json_and_the_regression_guard(logs):
     result = run_cli("diagnose", str(logs), "--json", "--fail-if-input-bound", "20", timeout=120)
     assert result.returncode == 3, result.stderr
@@ -272,6 +287,7 @@ def test_cli_json_and_the_regression_guard(logs):
     assert passing.returncode == 0 and "verdict:" in passing.stdout
 
 
+@profiles
 def test_the_gate_fails_a_run_at_exactly_its_threshold_as_the_verdict_calls_it(logs, capsys):
     """The verdict calls a share at the threshold input-bound: the gate at that share must fail the run too."""
     item = diagnose.diagnose(logs / "slow")["runs"]["."]
@@ -282,6 +298,7 @@ def test_the_gate_fails_a_run_at_exactly_its_threshold_as_the_verdict_calls_it(l
     assert command.main(str(logs / "slow"), fail_if_input_bound=share + 0.1) == 0
 
 
+@profiles
 def test_the_gate_never_passes_what_it_could_not_measure(no_steps):
     item = diagnose.diagnose(no_steps)["runs"]["."]
     assert item["verdict"] == "unknown" and item["profile"]["input_bound_percent"] is None
@@ -317,6 +334,7 @@ def _damaged(logs, root):
     return paths
 
 
+@profiles
 def test_damaged_profiles_get_one_paragraph_naming_the_file_and_fail_the_gate(logs, tmp_path):
     paths = _damaged(logs, tmp_path)
     result = diagnose.diagnose(tmp_path)
@@ -501,6 +519,7 @@ def _wait(**figures) -> InputWait:
     return InputWait(**{**empty, **figures})
 
 
+@profiles
 def test_the_input_wait_reads_back_from_its_json_and_a_misspelt_figure_is_an_error(logs):
     """The document's input_pipeline is the record's to_json, keys in order; from_json gives the same record back."""
     written = diagnose.diagnose(logs / "slow")["runs"]["."]["profile"]["input_pipeline"]

@@ -6,15 +6,17 @@ and host CPU over the whole run (sampler.py) into <logdir>/utilization as
 TensorBoard scalars, forwards the signals it receives, and collects what each Python process of
 the command reported (site/capture.py writes one status file per process).
 
-Signals: the parent blocks SIGINT and SIGTERM (before its sampler thread starts, so that thread
-inherits the mask) and takes them with sigtimedwait in its main loop, which also wakes it each
-second to write samples. A Ctrl-C typed at the terminal reaches the child directly (same process
-group; the kernel marks it SI_KERNEL) and is not sent twice; a signal sent to the parent alone
-(kill, a supervisor) is forwarded.
+Signals: the parent blocks SIGINT and SIGTERM before it starts any thread (cli.py, before numpy's BLAS
+starts one; every later thread, the sampler's too, inherits the mask; the command starts with them
+unblocked) and takes them with sigtimedwait in its main loop, which also wakes it each second to
+write samples (a thread started before the block would take the signal in place of the loop). A
+Ctrl-C typed at the terminal reaches the child directly (same process group; the kernel marks it
+SI_KERNEL) and is not sent twice; a signal sent to the parent alone (kill, a supervisor) is forwarded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -154,7 +156,8 @@ def run(
         env = child_env(logdir, status_dir, steps, seconds, name, unsafe_multi_worker)
         started = time.time()
         try:
-            child = subprocess.Popen(command, env=env, stdout=sys.stderr.fileno() if json_mode else None)
+            with _unblocked():  # the command gets the signal mask it would have without profile
+                child = subprocess.Popen(command, env=env, stdout=sys.stderr.fileno() if json_mode else None)
         except OSError as error:
             discard(logdir)
             raise UserError(
@@ -168,6 +171,17 @@ def run(
         return result, received[1]
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _unblocked():
+    """The forwarded signals unblocked in this thread while the block runs (a child started here inherits its mask);
+    as they were after it."""
+    before = signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _watch(child: subprocess.Popen, logdir: Path, interval_s: float) -> tuple[list[str], Sampler]:
