@@ -102,18 +102,17 @@ bench-diagnose: setup ## Wall time and peak RSS of diagnose against profile size
 tensorboard: setup ## Serve runs/ with the Diagnose and Profile tabs on http://127.0.0.1:6006 (LOGDIR=, PORT=)
 	$(PY) -m train tensorboard --logdir $(or $(LOGDIR),runs) --port $(PORT) $(ARGS)
 
-# Each product tests itself: the template's tests (tests/), then the doctor's (doctor/tests/, run from doctor/).
-# ARGS go to both pytest runs (e.g. ARGS="-x -k corpus").
-TEST_BOTH = $(PY) -m pytest -m "$(1)" $(ARGS) && cd doctor && $(abspath $(PY)) -m pytest -m "$(1) and not install" $(ARGS)
+# Each product tests itself: the template's tests (tests/), the doctor's (doctor/tests/, run from doctor/), in turn or
+# side by side (tests/run_both.py). ARGS go to both pytest runs (e.g. ARGS="-x -k corpus").
 
 test: setup ## Run the test suite CI runs: fast and slow tests of the template and the doctor (CPU, 9-12 minutes on 2 cores)
-	$(call TEST_BOTH,not long)
+	$(PY) tests/run_both.py --in-turn "not long" $(ARGS)
 
-test-fast: setup ## Run the tests not marked slow or long, the two products side by side (about a minute), for the edit-test loop
+test-fast: setup ## Run the tests not marked slow or long, the two products side by side (under 90 s), for the edit-test loop
 	$(PY) tests/run_both.py "not slow and not long" $(ARGS)
 
 test-long: setup ## Run the tests marked long: the benchmark harness end to end, the whole profile corpus, the longest reliability tests (25 minutes)
-	$(call TEST_BOTH,long)
+	$(PY) tests/run_both.py --in-turn long $(ARGS)
 
 test-doctor-alone: setup ## Install the doctor alone beside tensorflow-cpu in a fresh virtualenv and profile a Keras script there (2 minutes)
 	cd doctor && $(abspath $(PY)) -m pytest -m install $(ARGS)
