@@ -30,7 +30,7 @@ from step_doctor.diagnose.structural import latent_fixes, production, structural
 from step_doctor.diagnose.wait_record import from_json
 from tests import corpus_expectations, user_pipelines
 
-pytestmark = [pytest.mark.slow, pytest.mark.stack]
+pytestmark = pytest.mark.slow  # those also marked stack run on the container stack (make test-container-stack)
 
 PLANTED = {  # case -> the cause the first recommendation must name
     "generator_python_decode": "python-generator",
@@ -98,17 +98,20 @@ def _check_first_cause(item, case):
         assert first["estimated_gain"] >= 1.05
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("case", list(PLANTED))
 def test_first_recommendation_names_the_planted_cause(profiled, case):
     _check_first_cause(_only_run(profiled(case)), case)
 
 
+@pytest.mark.stack
 def test_the_fine_pipeline_is_not_input_bound(profiled):
     item = _only_run(profiled("already_fine"))
     assert item["verdict"] != "input-bound" and item["profile"]["input_bound_percent"] < 5
     assert not INPUT_CAUSES & {r["cause"] for r in item["recommendations"]}
 
 
+@pytest.mark.stack
 def test_stock_callback_verdict_agrees_with_the_markers(profiled):
     marked = _only_run(profiled("numpy_function_map"))
     stock = _only_run(profiled("numpy_function_map", how="stock"))
@@ -118,6 +121,7 @@ def test_stock_callback_verdict_agrees_with_the_markers(profiled):
     _check_first_cause(stock, "numpy_function_map")
 
 
+@pytest.mark.stack
 def test_a_bare_profiler_capture_gets_the_same_diagnosis(profiled):
     """tf.profiler.experimental.start/stop around fit: no markers, no Keras batches; steps from the executions."""
     item = _only_run(profiled("numpy_function_map", how="bare"))
@@ -125,6 +129,7 @@ def test_a_bare_profiler_capture_gets_the_same_diagnosis(profiled):
     _check_first_cause(item, "numpy_function_map")
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("case", sorted(user_pipelines.FIXED))
 def test_the_fixed_pipeline_no_longer_shows_its_cause(profiled, case):
     """The first fix applied as a user would write it: the profile no longer shows the cause."""
@@ -132,6 +137,7 @@ def test_the_fixed_pipeline_no_longer_shows_its_cause(profiled, case):
     assert PLANTED[case] not in {r["cause"] for r in after["recommendations"]}, after["recommendations"]
 
 
+@pytest.mark.stack
 def test_a_pipeline_without_prefetch_lists_it_even_when_another_cause_ranks_first(profiled):
     """No prefetch anywhere, waiting for input a quarter of each step or more: the map ranks first, and the prefetch
     the tree lacks is listed too, with its estimate and the reason for it (the map-and-batch runs a batch ahead)."""
@@ -148,6 +154,7 @@ def _structural(item, listed=()):
     return {r.cause: r for r in structural_fixes(wait, item["device"]["cpu_only"], listed=list(listed))}
 
 
+@pytest.mark.stack
 def test_every_structural_fix_the_tree_shows_is_found(profiled):
     """Files read one at a time, a map written without parallel calls, no prefetch: each is found in the tree
     whichever holds the step most, listed, and none twice; decoding every epoch with no cache after it too."""
@@ -167,6 +174,7 @@ def test_every_structural_fix_the_tree_shows_is_found(profiled):
     assert "decode-every-epoch" not in _structural(decoded, already)  # and not listed twice
 
 
+@pytest.mark.stack
 def test_a_prefetch_below_the_root_does_not_hide_the_one_missing_at_the_root(profiled):
     """A prefetch written before .shuffle().batch() makes elements ahead; the batches are still made while the model
     waits, so the fix at the root is found, estimated on the wait above the deeper prefetch."""
@@ -276,6 +284,7 @@ def test_a_process_descheduled_mid_step_is_a_stall_not_per_step_overhead(tmp_pat
 EXPECTED = corpus_expectations.load()
 
 
+@pytest.mark.stack
 def test_a_planted_cause_tied_with_the_first_counts_as_first_and_one_behind_does_not():
     def item(*ranked):
         return {"recommendations": [{"cause": c, "estimated_gain": g, "kind": "speed"} for c, g in ranked]}
@@ -289,6 +298,7 @@ def test_a_planted_cause_tied_with_the_first_counts_as_first_and_one_behind_does
     assert corpus_expectations.mismatches({**expected, "gain": [1.1, 2.0]}, {**behind, "verdict": "input-bound"})
 
 
+@pytest.mark.stack
 def test_a_verdict_near_its_threshold_may_read_either_side_of_it_and_one_far_from_it_may_not(profiled):
     item = _only_run(profiled("numpy_function_map_fixed"))
     profile = item["profile"]
@@ -309,6 +319,7 @@ def test_a_verdict_near_its_threshold_may_read_either_side_of_it_and_one_far_fro
     assert any("verdict" in m for m in corpus_expectations.mismatches(recorded, reading(5.0, 0.8)))
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("key", corpus_expectations.keys(user_pipelines.ALL))
 def test_the_diagnosis_matches_the_recorded_expectation(profiled, key):
     """Verdict, first cause and its estimated gain as recorded in tests/corpus_expectations.yaml."""
@@ -370,6 +381,7 @@ def _xla_runs_ms(item) -> float:
         trace.close()
 
 
+@pytest.mark.stack
 def test_a_step_compiled_again_for_every_new_shape_ranks_recompilation_first(profiled):
     """padded_batch to the longest sequence of each batch under XLA: nearly every step compiles. The compile is
     measured from XLA's own events (xprof reports none), named with its shapes, and is host time, not overhead."""
@@ -395,6 +407,7 @@ def test_a_step_compiled_again_for_every_new_shape_ranks_recompilation_first(pro
     assert "+ compile" in text and "XLA: " in text and "[recompilation" in text
 
 
+@pytest.mark.stack
 def test_a_fixed_shape_xla_pipeline_reads_as_its_steady_state(profiled):
     """Bucketed to four shapes under XLA: the executable's runs are the model's compute, the few compiles are
     warm-up (left out of the figures where they fall in the window), and no compile is ranked as a cause."""
@@ -417,6 +430,7 @@ def test_a_fixed_shape_xla_pipeline_reads_as_its_steady_state(profiled):
     assert small is None or small["removes_ms"] <= wait["overhead_ms"] + 1e-6
 
 
+@pytest.mark.stack
 def test_the_text_pipelines_without_xla_say_nothing_of_compiling(profiled):
     """The same pipelines with jit_compile=False: no XLA, no compile, no recompilation; padded_batch's changing shapes
     are a note of what XLA would cost, not a cause."""
@@ -447,6 +461,7 @@ def test_the_overhead_of_an_xla_step_is_what_a_larger_batch_does_not_grow(profil
     assert overhead <= 1.25 * fixed + 0.25, (overhead, fixed, model_side)
 
 
+@pytest.mark.stack
 def test_python_tokenization_is_named_from_the_token_ids_it_makes(profiled):
     """The naive text pipeline (a generator that tokenizes raw lines in Python and pads them): named Python
     tokenization from the integer sequences its elements are, with tokenize-once as the fix; a generator of images
@@ -461,6 +476,7 @@ def test_python_tokenization_is_named_from_the_token_ids_it_makes(profiled):
     assert "[python-tokenization" in diagnose.render({"runs": {".": item}})
 
 
+@pytest.mark.stack
 def test_python_tokenization_in_a_map_is_named_and_its_padding_listed_after_it(profiled):
     """Raw lines tokenized in a tf.numpy_function map written without parallel calls, padded_batch to the longest:
     Python tokenization first (not python-in-map, nor the map's missing num_parallel_calls as a structural fix:
@@ -480,6 +496,7 @@ def _padding(item) -> list[dict]:
     return [r for r in item["recommendations"] + item["latent"] if r["cause"] == "unbucketed-padding"]
 
 
+@pytest.mark.stack
 def test_a_padded_batch_without_bucketing_is_listed_as_a_structural_fix(profiled):
     """padded_batch to the longest of each batch, with and without XLA: the tree shows no bucketing, so bucketing is
     listed, its cost unknown (the corpus's runs record no padding share); the bucketed pipeline gets no such note.
@@ -499,6 +516,7 @@ def test_a_padded_batch_without_bucketing_is_listed_as_a_structural_fix(profiled
     assert not _padding(_only_run(profiled("text_bucketed")))
 
 
+@pytest.mark.stack
 def test_a_padding_share_the_run_recorded_prices_the_padding(profiled, tmp_path):
     """The same profile with the run's summary.json beside it, as this template's text runs write it: the padding
     share turns into the model's compute spent on padding, ranked with the other causes."""
