@@ -17,7 +17,9 @@ def test_the_first_failure_is_the_status_and_a_product_with_no_test_selected_fai
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("in_turn", [[], ["--in-turn"]], ids=["side_by_side", "in_turn"])
+@pytest.mark.parametrize(  # two pytest sessions each: make test runs the pair side by side, make test-long in turn too
+    "in_turn", [pytest.param([], id="side_by_side"), pytest.param(["--in-turn"], id="in_turn", marks=pytest.mark.long)]
+)
 def test_a_k_that_names_a_test_of_one_product_runs_it_there_and_passes(in_turn):
     only = "test_tiny_data_constants_match_the_fixture"  # the template's alone
     done = subprocess.run(

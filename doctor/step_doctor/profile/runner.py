@@ -156,7 +156,7 @@ def run(
         env = child_env(logdir, status_dir, steps, seconds, name, unsafe_multi_worker)
         started = time.time()
         try:
-            with _unblocked():  # the command gets the signal mask it would have without profile
+            with _unblocked() as early:  # the command gets the signal mask it would have without profile
                 child = subprocess.Popen(command, env=env, stdout=sys.stderr.fileno() if json_mode else None)
         except OSError as error:
             discard(logdir)
@@ -164,7 +164,9 @@ def run(
                 f"Could not start `{command[0]}`: {error.strerror or error}. Give the command as you would run it "
                 "yourself, after --, e.g. step-doctor profile -- python my_train.py --epochs 3."
             ) from None
-        received = _watch(child, logdir, interval_s)
+        for signum in early:  # taken while the command started: it gets them now
+            child.send_signal(signum)
+        received = _watch(child, logdir, interval_s, [signal.Signals(signum).name for signum in early])
         returncode = child.wait()
         result = ChildRun(command, returncode, time.time() - started, started, signals=received[0])
         result.statuses = _statuses(status_dir)
@@ -175,19 +177,23 @@ def run(
 
 @contextlib.contextmanager
 def _unblocked():
-    """The forwarded signals unblocked in this thread while the block runs (a child started here inherits its mask);
-    as they were after it."""
+    """The forwarded signals unblocked in this thread while the block runs (a child started here inherits its mask),
+    as they were after it; one that arrives meanwhile is kept in the list it yields, for the caller to forward."""
+    early: list[int] = []
+    handlers = {signum: signal.signal(signum, lambda got, _frame: early.append(got)) for signum in FORWARDED}
     before = signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     try:
-        yield
+        yield early
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
-def _watch(child: subprocess.Popen, logdir: Path, interval_s: float) -> tuple[list[str], Sampler]:
-    """Wait for the child with the signals blocked, sampling; forward what only the parent received."""
+def _watch(child: subprocess.Popen, logdir: Path, interval_s: float, received: list[str]) -> tuple[list[str], Sampler]:
+    """Wait for the child with the signals blocked, sampling; forward what only the parent received (`received`: what
+    it already forwarded)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-    received = []
     sampler = Sampler(interval_s)
     writer = SampleWriter(logdir / "utilization")
     sampler.start()
