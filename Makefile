@@ -105,7 +105,7 @@ tensorboard: setup ## Serve runs/ with the Diagnose and Profile tabs on http://1
 # Each product tests itself: the template's tests (tests/), the doctor's (doctor/tests/, run from doctor/), in turn or
 # side by side (tests/run_both.py). ARGS go to both pytest runs (e.g. ARGS="-x -k corpus").
 
-test: setup ## Run the test suite CI runs: fast and slow tests of the template and the doctor (CPU, 9-12 minutes on 2 cores)
+test: setup ## Run the test suite CI runs: fast and slow tests of the template and the doctor (CPU, 9-10 minutes on 2 cores)
 	$(PY) tests/run_both.py --in-turn "not long" $(ARGS)
 
 test-fast: setup ## Run the tests not marked slow or long, the two products side by side (under 90 s), for the edit-test loop
