@@ -285,20 +285,6 @@ EXPECTED = corpus_expectations.load()
 
 
 @pytest.mark.stack
-def test_a_planted_cause_tied_with_the_first_counts_as_first_and_one_behind_does_not():
-    def item(*ranked):
-        return {"recommendations": [{"cause": c, "estimated_gain": g, "kind": "speed"} for c, g in ranked]}
-
-    tied = item(("heavy-map", 1.21), ("sequential-file-reads", 1.20), ("small-batch", 1.07))
-    assert corpus_expectations.first_or_tied(tied, ["sequential-file-reads"]) == ("sequential-file-reads", 1.20)
-    behind = item(("heavy-map", 1.30), ("sequential-file-reads", 1.20))
-    assert corpus_expectations.first_or_tied(behind, ["sequential-file-reads"]) == ("heavy-map", 1.30)
-    expected = {"verdicts": ["input-bound"], "first": "sequential-file-reads", "gain_of": "sequential-file-reads"}
-    assert not corpus_expectations.mismatches({**expected, "gain": [1.1, 2.0]}, {**tied, "verdict": "input-bound"})
-    assert corpus_expectations.mismatches({**expected, "gain": [1.1, 2.0]}, {**behind, "verdict": "input-bound"})
-
-
-@pytest.mark.stack
 def test_a_verdict_near_its_threshold_may_read_either_side_of_it_and_one_far_from_it_may_not(profiled):
     item = _only_run(profiled("numpy_function_map_fixed"))
     profile = item["profile"]
