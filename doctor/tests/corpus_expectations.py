@@ -374,15 +374,19 @@ if __name__ == "__main__":
         help="keep what the record already holds (another machine's observations) and widen it with these",
     )
     parser.add_argument(
-        "--cases", nargs="+", metavar="KEY", help="record only these cases (keys as in the file), keep the others"
+        "--cases",
+        nargs="+",
+        metavar="KEY",
+        help="profile and record only these cases (keys as in the file), keep the others",
     )
     args = parser.parse_args()
+    only = set(args.cases) if args.cases else None
     if args.hog or args.pauses:
         with busy_machine(args.hog, args.pauses):
-            _profile_rounds(args.root, args.rounds)
+            _profile_rounds(args.root, args.rounds, only)
     if args.flips:
         if not (args.hog or args.pauses):
-            _profile_rounds(args.root, args.rounds)
+            _profile_rounds(args.root, args.rounds, only)
         for key, (profiles, planted, disagree) in sorted(flips(args.root).items()):
             print(f"{key:40s} profiles {profiles}  first not planted {planted}  disagrees with the record {disagree}")
         sys.exit(0)
@@ -390,6 +394,5 @@ if __name__ == "__main__":
         for case, figures in fixes(args.root).items():
             print(f"{case:28s} estimated {figures['estimated']}  measured {figures['measured']}")
         sys.exit(0)
-    only = set(args.cases) if args.cases else None
     for key, case in record(args.root, args.rounds, args.out, pool=args.pool, only=only).items():
         print(f"{key:40s} {case['verdicts']} {case['first']} {case['gain']} observed {case['observed']}")
