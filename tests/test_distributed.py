@@ -43,6 +43,23 @@ def sets_args(items: list[str]) -> list[str]:
 
 
 @pytest.mark.long
+def test_free_ports_lie_below_the_ephemeral_range_and_can_be_bound():
+    """The launcher's ports: distinct, free, and (where the kernel says its range) below the ports outgoing
+    connections are given, so no connection takes one before its worker binds it."""
+    import socket
+
+    from train.training.launch import EPHEMERAL
+
+    ports = free_ports(4)
+    assert len(set(ports)) == 4
+    if os.path.exists(EPHEMERAL):
+        low = int(Path(EPHEMERAL).read_text().split()[0])
+        assert all(port < low for port in ports), (ports, low)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("localhost", port))
+
+
 def test_mirrored_over_two_logical_cpus_matches_one_device(tiny_data_dir, tmp_path):
     # Without augmentation: distributing a dataset rebatches it, so batch-indexed augmentation draws
     # differ between the runs; what is compared here is the strategy's arithmetic.

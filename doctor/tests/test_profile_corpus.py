@@ -50,7 +50,16 @@ def profile_script(case: str, files: Path, where: Path, *args: str, timeout: flo
         text=True,
         timeout=timeout,
     )
-    assert done.returncode == 0, (case, done.returncode, done.stderr[-3000:])
+    if done.returncode != 0:  # said in full and short: CI shows the last lines of a run, and a repr loses its middle
+        said = [line[:300] for line in done.stderr.splitlines() if not line.startswith(("I0000", "W0000"))]
+        errors = list(dict.fromkeys(line for line in said if "Error" in line or "error:" in line))[:8]
+        pytest.fail(
+            f"profile of {case} exited {done.returncode}. Its stderr's errors:\n"
+            + "\n".join(errors)
+            + "\nIts last lines:\n"
+            + "\n".join(said[-12:]),
+            pytrace=False,
+        )
     return json.loads(done.stdout)
 
 

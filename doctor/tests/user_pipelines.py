@@ -597,21 +597,37 @@ def own_tensorboard_numpy_function(files, steps=None):
     model.fit(ds, verbose=0, callbacks=[board], **{**fit_args, "steps_per_epoch": steps or fit_args["steps_per_epoch"]})
 
 
+def _cluster_ports(count: int) -> list[int]:
+    """Free ports below the kernel's ephemeral range (as the template's launcher picks them, train/training/launch.py):
+    one picked inside it is free for any outgoing connection until the worker binds it, after its TensorFlow import,
+    and a worker connecting to a peer not listening yet can be handed that very port."""
+    import random
+    import socket
+
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.exists() else 0  # elsewhere: bind(0) alone
+    ports = []
+    for port in (random.sample(range(low // 2, low), 200) if low >= 4096 else []) + [0] * count:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("localhost", port))
+            except OSError:
+                continue
+            ports.append(sock.getsockname()[1])
+        if len(ports) == count:
+            return ports
+    raise OSError("no free ports")
+
+
 def multi_worker_generator(files, steps=40, workers=2):
     """Two local MultiWorkerMirroredStrategy workers (a custom loop: Keras fit fails under MWMS, keras#20585),
     started by this script as a user's launcher would; batches from a Python generator."""
     import os
-    import socket
     import subprocess
     import sys
 
     if "TF_CONFIG" not in os.environ:
-        sockets = [socket.socket() for _ in range(workers)]
-        for sock in sockets:
-            sock.bind(("localhost", 0))
-        cluster = {"worker": [f"localhost:{sock.getsockname()[1]}" for sock in sockets]}
-        for sock in sockets:
-            sock.close()
+        cluster = {"worker": [f"localhost:{port}" for port in _cluster_ports(workers)]}
         children = []
         for index in range(workers):
             config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})

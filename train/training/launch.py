@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,12 +30,32 @@ FORWARDED = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signa
 STOPPED = {128 + signum for signum in STOP_SIGNALS}
 
 
+EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
+    """Free localhost ports below the kernel's ephemeral range, where no outgoing connection is given one: a port
+    picked inside it is free for anyone from the pick until the worker binds it seconds later (TensorFlow's
+    import), and a worker that keeps connecting to a peer not listening yet can be handed that very port."""
     try:
-        for sock in sockets:
-            sock.bind(("localhost", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+        with open(EPHEMERAL) as ranges:
+            low = int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    candidates = random.sample(range(low // 2, low), min(200, low // 2)) if low >= 4096 else []
+    sockets, ports = [], []
+    try:
+        for port in candidates + [0] * count:  # bind(0), inside the range, only where nothing below it is free
+            if len(ports) == count:
+                break
+            sock = socket.socket()
+            sockets.append(sock)
+            try:
+                sock.bind(("localhost", port))
+            except OSError:
+                continue
+            ports.append(sock.getsockname()[1])
+        return ports
     finally:
         for sock in sockets:
             sock.close()
