@@ -110,7 +110,8 @@ def _vocabulary(path: Path) -> dict:
 
 def _cleaned(text: str) -> str:
     """Lower case, accents stripped, punctuation and control characters to spaces, one character at a time: what
-    BERT's Python BasicTokenizer does before its word lookup (here about 200 us a line, 5x the lookup itself)."""
+    BERT's Python BasicTokenizer does before its word lookup (about 240 us a line here, 6x a regular expression
+    and the lookup alone)."""
     out = []
     for char in unicodedata.normalize("NFD", text.lower()):
         category = unicodedata.category(char)
