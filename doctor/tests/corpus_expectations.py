@@ -25,7 +25,10 @@ Under load (how users profile on busy machines; the analysis must hold there too
 `--hog N` keeps N busy-loop processes running while the rounds are profiled; `--pauses MS` stops the
 profiling process now and then for up to MS ms (SIGSTOP, then SIGCONT: the process descheduled, as a
 busy host or a throttled container does it); `--flips` prints, per case, how many profiles under ROOT
-have another first cause than the planted one and how many disagree with the record, and writes nothing.
+have another first cause than the planted one and how many disagree with the record, and writes nothing;
+`--margins` prints, per case, how far its recorded first cause leads the next speed cause in the profiles
+under ROOT (the least ratio of their scores): a planted cause should lead by 2x or more, or the record should
+allow both.
 
 `--fixes` prints, for the cases with a fixed pipeline, the first fix's estimated gain and the gain
 per example measured on the fixed pipeline's profiles (the table in docs/figures.md). Profiles already under
@@ -291,6 +294,28 @@ def flips(root: Path) -> dict:
     return dict(found)
 
 
+def margins(root: Path) -> dict:
+    """Per case: over the profiles under ROOT, how far the recorded first cause leads the next speed cause (the
+    ratio of their scores; None where nothing else is ranked or the first is not ranked by a score). A planted
+    cause that leads by little flips with a run's noise: the text pipelines once led by 1.5x here, and a CI run
+    read them the other way round."""
+    from step_doctor.diagnose.report import diagnose
+
+    expected, found = load(), defaultdict(list)
+    for logdir in sorted(root.glob("round_*/*")):
+        key = logdir.name.replace("__", "/")
+        if key not in expected:
+            continue
+        (item,) = diagnose(logdir)["runs"].values()
+        first = set(_listed(expected[key]["first"]))
+        speed = [r for r in item["recommendations"] if r["kind"] == "speed"]
+        lead = max((r["score"] for r in speed if r["cause"] in first), default=0.0)
+        other = max((r["score"] for r in speed if r["cause"] not in first), default=0.0)
+        # None: nothing else ranked, or the recorded first is not ranked by its score (a structural fix, or none)
+        found[key].append(round(lead / other, 2) if other and lead else None)
+    return dict(found)
+
+
 def record(root: Path, rounds: int, out: Path, pool: bool = False, only: set | None = None) -> dict:
     """Profile and diagnose the cases (`only`: these keys, the others' records kept) and write the record."""
     from step_doctor.diagnose.report import diagnose
@@ -369,6 +394,9 @@ if __name__ == "__main__":
     )
     parser.add_argument("--flips", action="store_true", help="count first causes that are not the planted one")
     parser.add_argument(
+        "--margins", action="store_true", help="print how far each case's recorded first cause leads the next"
+    )
+    parser.add_argument(
         "--pool",
         action="store_true",
         help="keep what the record already holds (another machine's observations) and widen it with these",
@@ -384,11 +412,15 @@ if __name__ == "__main__":
     if args.hog or args.pauses:
         with busy_machine(args.hog, args.pauses):
             _profile_rounds(args.root, args.rounds, only)
-    if args.flips:
+    if args.flips or args.margins:
         if not (args.hog or args.pauses):
             _profile_rounds(args.root, args.rounds, only)
-        for key, (profiles, planted, disagree) in sorted(flips(args.root).items()):
+        for key, (profiles, planted, disagree) in sorted(flips(args.root).items()) if args.flips else ():
             print(f"{key:40s} profiles {profiles}  first not planted {planted}  disagrees with the record {disagree}")
+        for key, ratios in sorted(margins(args.root).items()) if args.margins else ():
+            led = sorted(r for r in ratios if r is not None)
+            least = f"led by {led[0]}x at least" if led else "never ranked against another"
+            print(f"{key:40s} profiles {len(ratios)}  {least}  ({len(ratios) - len(led)} not ranked against one)")
         sys.exit(0)
     if args.fixes:
         for case, figures in fixes(args.root).items():
