@@ -463,6 +463,20 @@ def test_python_tokenization_is_named_from_the_token_ids_it_makes(profiled):
 
 
 @pytest.mark.stack
+def test_margins_are_the_recorded_first_causes_lead_over_the_next_speed_cause(profiled, tmp_path):
+    """corpus_expectations --margins on a profile laid out as a recording leaves it: the recorded first cause's
+    score over the best other speed cause's, per profile."""
+    logdir = profiled("text_python_tokenization")
+    (tmp_path / "round_1").mkdir()
+    (tmp_path / "round_1" / "text_python_tokenization").symlink_to(logdir)
+    speed = [r for r in _only_run(logdir)["recommendations"] if r["kind"] == "speed"]
+    lead = max(r["score"] for r in speed if r["cause"] == "python-tokenization")
+    others = [r["score"] for r in speed if r["cause"] != "python-tokenization"]
+    expected = round(lead / max(others), 2) if others else None
+    assert corpus_expectations.margins(tmp_path) == {"text_python_tokenization": [expected]}
+
+
+@pytest.mark.stack
 def test_python_tokenization_in_a_map_is_named_and_its_padding_listed_after_it(profiled):
     """Raw lines tokenized in a tf.numpy_function map written without parallel calls, padded_batch to the longest:
     Python tokenization first (not python-in-map, nor the map's missing num_parallel_calls as a structural fix:
