@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from tests.conftest import ROOT, build_pipeline, data_sets, run_cli
 from train import config
 from train.input import pipeline, service
 from train.training import checkpoint, fit_loop
-from train.training.launch import free_ports
+from train.training.launch import EPHEMERAL, free_ports
 
 QUICK = [
     "train.epochs=2",
@@ -42,14 +43,9 @@ def sets_args(items: list[str]) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
 
-@pytest.mark.long
 def test_free_ports_lie_below_the_ephemeral_range_and_can_be_bound():
     """The launcher's ports: distinct, free, and (where the kernel says its range) below the ports outgoing
     connections are given, so no connection takes one before its worker binds it."""
-    import socket
-
-    from train.training.launch import EPHEMERAL
-
     ports = free_ports(4)
     assert len(set(ports)) == 4
     if os.path.exists(EPHEMERAL):
@@ -60,6 +56,7 @@ def test_free_ports_lie_below_the_ephemeral_range_and_can_be_bound():
             sock.bind(("localhost", port))
 
 
+@pytest.mark.long
 def test_mirrored_over_two_logical_cpus_matches_one_device(tiny_data_dir, tmp_path):
     # Without augmentation: distributing a dataset rebatches it, so batch-indexed augmentation draws
     # differ between the runs; what is compared here is the strategy's arithmetic.
