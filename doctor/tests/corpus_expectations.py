@@ -49,6 +49,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -274,18 +275,24 @@ while True:
 """
 
 
+def _diagnosed(root: Path, keep) -> Iterator[tuple[str, dict]]:
+    """(key, its diagnosis) for each profile under ROOT/round_N/ whose key `keep` accepts, in order."""
+    from step_doctor.diagnose.report import diagnose
+
+    for logdir in sorted(root.glob("round_*/*")):
+        key = logdir.name.replace("__", "/")
+        if keep(key):
+            (item,) = diagnose(logdir)["runs"].values()
+            yield key, item
+
+
 def flips(root: Path) -> dict:
     """Per case: (profiles, first cause not the planted one, disagreeing with the record) over the profiles under
     ROOT, as diagnose sees them now."""
-    from step_doctor.diagnose.report import diagnose
     from tests.test_diagnose_corpus import PLANTED
 
     expected, found = load(), defaultdict(lambda: [0, 0, 0])
-    for logdir in sorted(root.glob("round_*/*")):
-        key = logdir.name.replace("__", "/")
-        if key not in expected:
-            continue
-        (item,) = diagnose(logdir)["runs"].values()
+    for key, item in _diagnosed(root, expected.__contains__):
         planted = PLANTED.get(split(key)[0])
         counts = found[key]
         counts[0] += 1
@@ -299,14 +306,8 @@ def margins(root: Path) -> dict:
     ratio of their scores; None where nothing else is ranked or the first is not ranked by a score). A planted
     cause that leads by little flips with a run's noise: the text pipelines once led by 1.5x here, and a CI run
     read them the other way round."""
-    from step_doctor.diagnose.report import diagnose
-
     expected, found = load(), defaultdict(list)
-    for logdir in sorted(root.glob("round_*/*")):
-        key = logdir.name.replace("__", "/")
-        if key not in expected:
-            continue
-        (item,) = diagnose(logdir)["runs"].values()
+    for key, item in _diagnosed(root, expected.__contains__):
         first = set(_listed(expected[key]["first"]))
         speed = [r for r in item["recommendations"] if r["kind"] == "speed"]
         lead = max((r["score"] for r in speed if r["cause"] in first), default=0.0)
@@ -318,17 +319,12 @@ def margins(root: Path) -> dict:
 
 def record(root: Path, rounds: int, out: Path, pool: bool = False, only: set | None = None) -> dict:
     """Profile and diagnose the cases (`only`: these keys, the others' records kept) and write the record."""
-    from step_doctor.diagnose.report import diagnose
     from tests.test_diagnose_corpus import PLANTED
     from tests.user_pipelines import ALL
 
     _profile_rounds(root, rounds, only)
     seen = defaultdict(list)
-    for logdir in sorted(root.glob("round_*/*")):
-        key = logdir.name.replace("__", "/")
-        if split(key)[0] not in ALL or (only and key not in only):
-            continue
-        (item,) = diagnose(logdir)["runs"].values()
+    for key, item in _diagnosed(root, lambda key: split(key)[0] in ALL and (not only or key in only)):
         seen[key].append((item["verdict"], *_first(item)))
     cases = {key: summarize(obs, PLANTED.get(split(key)[0])) for key, obs in sorted(seen.items())}
     machines = [machine()]
@@ -415,12 +411,16 @@ if __name__ == "__main__":
     if args.flips or args.margins:
         if not (args.hog or args.pauses):
             _profile_rounds(args.root, args.rounds, only)
-        for key, (profiles, planted, disagree) in sorted(flips(args.root).items()) if args.flips else ():
-            print(f"{key:40s} profiles {profiles}  first not planted {planted}  disagrees with the record {disagree}")
-        for key, ratios in sorted(margins(args.root).items()) if args.margins else ():
-            led = sorted(r for r in ratios if r is not None)
-            least = f"led by {led[0]}x at least" if led else "never ranked against another"
-            print(f"{key:40s} profiles {len(ratios)}  {least}  ({len(ratios) - len(led)} not ranked against one)")
+        if args.flips:
+            for key, (profiles, planted, disagree) in sorted(flips(args.root).items()):
+                print(
+                    f"{key:40s} profiles {profiles}  first not planted {planted}  disagrees with the record {disagree}"
+                )
+        if args.margins:
+            for key, ratios in sorted(margins(args.root).items()):
+                led = sorted(r for r in ratios if r is not None)
+                least = f"led by {led[0]}x at least" if led else "never ranked against another"
+                print(f"{key:40s} profiles {len(ratios)}  {least}  ({len(ratios) - len(led)} not ranked against one)")
         sys.exit(0)
     if args.fixes:
         for case, figures in fixes(args.root).items():
