@@ -601,21 +601,23 @@ def _cluster_ports(count: int) -> list[int]:
     """Free ports below the kernel's ephemeral range (as the template's launcher picks them, train/training/launch.py):
     one picked inside it is free for any outgoing connection until the worker binds it, after its TensorFlow import,
     and a worker connecting to a peer not listening yet can be handed that very port."""
+    import contextlib
     import random
     import socket
 
     ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
     low = int(ranges.read_text().split()[0]) if ranges.exists() else 0  # elsewhere: bind(0) alone
     ports = []
-    for port in (random.sample(range(low // 2, low), 200) if low >= 4096 else []) + [0] * count:
-        with socket.socket() as sock:
+    with contextlib.ExitStack() as bound:  # each held until all are picked, so bind(0) cannot give one twice
+        for port in (random.sample(range(low // 2, low), 200) if low >= 4096 else []) + [0] * count:
+            sock = bound.enter_context(socket.socket())
             try:
                 sock.bind(("localhost", port))
             except OSError:
                 continue
             ports.append(sock.getsockname()[1])
-        if len(ports) == count:
-            return ports
+            if len(ports) == count:
+                return ports
     raise OSError("no free ports")
 
 

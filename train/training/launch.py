@@ -42,7 +42,7 @@ def free_ports(count: int) -> list[int]:
             low = int(ranges.read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 0
-    candidates = random.sample(range(low // 2, low), min(200, low // 2)) if low >= 4096 else []
+    candidates = random.sample(range(low // 2, low), 200) if low >= 4096 else []
     sockets, ports = [], []
     try:
         for port in candidates + [0] * count:  # bind(0), inside the range, only where nothing below it is free
