@@ -421,6 +421,32 @@ def test_bytes_damaged_anywhere_give_a_diagnosis_or_one_paragraph(profiles, tmp_
             assert "verdict" in diagnose_text(item).lower()
 
 
+def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tmp_path, monkeypatch):
+    """xprof's converter died of a segmentation fault in CI on bytes damaged as above, and took pytest with it. It
+    runs in a child process: a crash there leaves the trace's own diagnosis, says so, and this process lives; the
+    next conversion starts another child (here one that answers with an error). The crash is a child that kills
+    itself on its first request: the damage that crashed the converter left no file to replay, and 2,000 other
+    damaged copies did not crash it."""
+    logdir = profiles["markers"].parents[3]
+    whole = diagnose.diagnose(logdir)["runs"]["."]
+    fake = tmp_path / "crashing.py"
+    fake.write_text("import os, signal, sys\nsys.stdin.readline()\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    monkeypatch.setattr(hosttrace, "_CHILD", fake)
+    monkeypatch.setattr(hosttrace, "_CONVERTER", hosttrace._Converter())
+    item = diagnose.diagnose(logdir)["runs"]["."]
+    note = item["profile"]["skipped"][0]
+    assert "crashed (SIGSEGV)" in note and str(profiles["markers"]) in note and "trace itself" in note, note
+    assert item["profile"]["input_bound_percent"] == whole["profile"]["input_bound_percent"]
+    assert item["verdict"] in VERDICTS - {"unknown"} and "crashed (SIGSEGV)" in diagnose_text(item)
+    fake.write_text(
+        "import json, sys\nfor line in sys.stdin:\n"
+        "    print(json.dumps({'written': False, 'error': 'ValueError: the converter gave up'}), flush=True)\n"
+    )
+    failed = diagnose.diagnose(logdir)["runs"]["."]
+    assert failed["verdict"] == "unreadable" and "the converter gave up" in failed["error"], failed["error"]
+    assert str(profiles["markers"]) in failed["error"] and "\n" not in failed["error"]
+
+
 _MIRRORED = """
 import sys
 import keras, numpy as np, tensorflow as tf

@@ -10,8 +10,9 @@ no step time, and the figures here come from the trace alone, labelled inferred.
 The host trace is read from the file in place (hosttrace.py, activity.py): a GB profile takes
 tens of seconds and a few hundred MB. xprof's own step breakdown (its converter, offline)
 holds the whole file in memory (about 20 MB of memory and 0.2 s per MB of profile here): it
-is kept for profiles up to XPROF_MAX_MB and skipped above, where the figures come from the
-trace alone and the profile says which were skipped and why.
+is kept for profiles up to XPROF_MAX_MB and skipped above, or where its converter crashed (it
+runs in a child process, hosttrace.xprof_tool): then the figures come from the trace alone and
+the profile says which were skipped and why.
 xprof's JSON is a list of gviz tables whose order changes between versions, so tables
 are found by the keys they carry, never by position.
 """
@@ -124,7 +125,12 @@ def analyze_session(session: Path) -> dict:
         wait = Unmeasured(
             "the profile shows no training steps (no step markers, no Keras batches, no repeated tf.function)"
         )
-    xprof = _xprof_breakdown(xplanes, session) if size_mb <= XPROF_MAX_MB else None
+    xprof, skipped = None, [_SKIPPED_XPROF.format(mb=size_mb)]
+    if size_mb <= XPROF_MAX_MB:
+        try:
+            xprof, skipped = _xprof_breakdown(xplanes, session), []
+        except hosttrace.ConverterCrashed as crash:
+            skipped = [_CRASHED_XPROF.format(crash=crash)]
     profile = _figures(xprof, wait, steps, planes_say)
     profile.update(
         session=str(session),
@@ -135,7 +141,7 @@ def analyze_session(session: Path) -> dict:
         input_pipeline=wait.to_json(),
         profile_mb=round(size_mb, 2),
         analysis_seconds=round(time.perf_counter() - started, 1),
-        skipped=[] if xprof else [_SKIPPED_XPROF.format(mb=size_mb)],
+        skipped=skipped,
         stall_ms=wait.stall_ms if isinstance(wait, InputWait) and wait.measured else None,
         profiler_errors=said["errors"],
         profiler_warnings=said["warnings"],
@@ -149,6 +155,11 @@ _SKIPPED_XPROF = (
     "conclusion and diagnostics): its converter reads the whole {mb:,.0f} MB profile into memory (about 20 MB of "
     "memory and 0.2 s per MB of profile), more than the rest of the analysis costs. The figures here come from the "
     "trace itself."
+)
+_CRASHED_XPROF = (
+    "xprof's own step breakdown (its step time, input, host and device compute, launch, compile and copy times, "
+    "conclusion and diagnostics): {crash}. The figures here come from the trace itself; if they look wrong too, "
+    "capture the profile again."
 )
 
 
