@@ -22,7 +22,16 @@ import pytest
 import tensorflow as tf
 
 from step_doctor.callbacks import StepTraceProfiler
-from step_doctor.diagnose import activity, analysis, command, hosttrace, input_wait, step_windows, xspace
+from step_doctor.diagnose import (
+    activity,
+    analysis,
+    command,
+    hosttrace,
+    input_wait,
+    step_windows,
+    xprof_converter,
+    xspace,
+)
 from step_doctor.diagnose import report as diagnose
 from step_doctor.scale import bench_diagnose, diagnose_scale, xspace_writer
 from tests.conftest import run_cli
@@ -84,7 +93,7 @@ def profiles(tmp_path_factory):
 
 def _xprof_trace(path: Path) -> list[dict]:
     """The host events of xprof's trace conversion (what diagnose read before), sorted and nested as it nested them."""
-    raw = json.loads(hosttrace.xprof_tool([str(path)], "trace_viewer"))["traceEvents"]
+    raw = json.loads(xprof_converter.xprof_tool([str(path)], "trace_viewer"))["traceEvents"]
     meta = [e for e in raw if e.get("ph") == "M" and e["name"] in ("thread_name", "process_name")]
     names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in meta}
     host = {e["pid"] for e in meta if e["name"] == "process_name" and e["args"]["name"].startswith("/host:")}
@@ -431,8 +440,8 @@ def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tm
     whole = diagnose.diagnose(logdir)["runs"]["."]
     fake = tmp_path / "crashing.py"
     fake.write_text("import os, signal, sys\nsys.stdin.readline()\nos.kill(os.getpid(), signal.SIGSEGV)\n")
-    monkeypatch.setattr(hosttrace, "_CHILD", fake)
-    monkeypatch.setattr(hosttrace, "_CONVERTER", hosttrace._Converter())
+    monkeypatch.setattr(xprof_converter, "_CHILD", fake)
+    monkeypatch.setattr(xprof_converter, "_CONVERTER", xprof_converter._Converter())
     item = diagnose.diagnose(logdir)["runs"]["."]
     note = item["profile"]["skipped"][0]
     assert "crashed (SIGSEGV)" in note and str(profiles["markers"]) in note and "trace itself" in note, note

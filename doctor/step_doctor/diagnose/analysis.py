@@ -11,7 +11,7 @@ The host trace is read from the file in place (hosttrace.py, activity.py): a GB 
 tens of seconds and a few hundred MB. xprof's own step breakdown (its converter, offline)
 holds the whole file in memory (about 20 MB of memory and 0.2 s per MB of profile here): it
 is kept for profiles up to XPROF_MAX_MB and skipped above, or where its converter crashed (it
-runs in a child process, hosttrace.xprof_tool): then the figures come from the trace alone and
+runs in a child process, xprof_converter.py): then the figures come from the trace alone and
 the profile says which were skipped and why.
 xprof's JSON is a list of gviz tables whose order changes between versions, so tables
 are found by the keys they carry, never by position.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xla, xspace
+from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xla, xprof_converter, xspace
 from step_doctor.diagnose.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
 from step_doctor.diagnose.wait_record import InputWait, Unmeasured, Wait
 
@@ -64,7 +64,7 @@ def _tool_data(xplanes: list[str], tool: str) -> list:
     """xprof's JSON for one tool (its C++ logging kept off the terminal, quoted in the error)."""
     import json
 
-    data = hosttrace.xprof_tool(xplanes, tool)
+    data = xprof_converter.xprof_tool(xplanes, tool)
     try:
         return json.loads(data)
     except ValueError as error:
@@ -129,7 +129,7 @@ def analyze_session(session: Path) -> dict:
     if size_mb <= XPROF_MAX_MB:
         try:
             xprof, skipped = _xprof_breakdown(xplanes, session), []
-        except hosttrace.ConverterCrashed as crash:
+        except xprof_converter.ConverterCrashed as crash:
             skipped = [_CRASHED_XPROF.format(crash=crash)]
     profile = _figures(xprof, wait, steps, planes_say)
     profile.update(

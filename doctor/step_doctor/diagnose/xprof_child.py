@@ -1,4 +1,4 @@
-"""xprof's converter in a process of its own, serving hosttrace.xprof_tool.
+"""xprof's converter in a process of its own, serving xprof_converter.py.
 
 xprof's C++ converter can crash on a damaged profile that still parses as an XSpace (CI met a segmentation
 fault in `input_pipeline_analyzer` on a profile with flipped bytes), and a crash ends the process it runs in.

@@ -1,0 +1,119 @@
+"""xprof's converter for the analysis (analysis.py), run in a child process (xprof_child.py).
+
+xprof's C++ converter died of a segmentation fault once in CI, in `input_pipeline_analyzer`, on a profile
+with flipped bytes that this package's reader (xspace.py) had read whole, and took the process with it. In a
+child, a crash costs that one conversion (ConverterCrashed: the analysis keeps the trace's own figures and
+says so); the next conversion starts another child. One child serves every conversion of its parent, so
+Python and xprof start once (0.1 s), not once per profile.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from step_doctor.diagnose.hosttrace import ProfileError, unreadable
+
+
+def xprof_tool(xplanes: list[str], tool: str, options: dict | None = None) -> bytes:
+    """xprof's output for one tool, converted in a child process (xprof_child.py) so that a converter crash on a
+    damaged profile costs this call (ConverterCrashed), not the process; its C++ log is quoted on failure."""
+    options = {"use_saved_result": False, **(options or {})}
+    with tempfile.TemporaryDirectory(prefix="step-doctor-xprof-") as scratch:
+        out, log = Path(scratch) / "out", Path(scratch) / "log"
+        reply = _CONVERTER.convert(
+            {"tool": tool, "options": options, "xplanes": xplanes, "out": str(out), "log": str(log)}
+        )
+        if "crashed" in reply:
+            raise ConverterCrashed(xplanes, tool, reply["crashed"])
+        data = out.read_bytes() if reply["written"] else None
+        said = reply["error"] or _converter_message(log.read_text(errors="replace") if log.is_file() else "")
+    if not data:
+        raise ProfileError(unreadable(xplanes, f"xprof's converter says: {said or 'it returned nothing'}"))
+    return data
+
+
+class _Converter:
+    """The child process that runs xprof's converter for this one, started on first use and after a crash."""
+
+    def __init__(self):
+        self._lock = threading.Lock()  # the Diagnose tab's worker and a request thread may both convert
+        self._child: subprocess.Popen | None = None
+        self._started_by = 0
+        atexit.register(self.close)
+
+    def convert(self, request: dict) -> dict:
+        """The child's reply, or {"crashed": how} where it died on this request (the next one starts another)."""
+        with self._lock:
+            if self._child is None or self._started_by != os.getpid():
+                self._child = subprocess.Popen(
+                    [sys.executable, str(_CHILD)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,  # its log of each request goes to the request's file
+                    text=True,
+                )
+                self._started_by = os.getpid()
+            try:
+                self._child.stdin.write(json.dumps(request) + "\n")
+                self._child.stdin.flush()
+                line = self._child.stdout.readline()
+            except BrokenPipeError:
+                line = ""
+            if line:
+                return json.loads(line)
+            code = self._reap()
+            return {"crashed": _signal_name(-code) if code < 0 else f"exit status {code}"}
+
+    def close(self) -> None:
+        with self._lock:
+            if self._child is not None and self._started_by == os.getpid():
+                self._reap()
+
+    def _reap(self) -> int:
+        """Closes the child's stdin, so that it exits once it has answered, and waits for it: its exit status."""
+        child, self._child = self._child, None
+        try:
+            child.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+        return child.returncode
+
+
+_CHILD = Path(__file__).with_name("xprof_child.py")
+_CONVERTER = _Converter()
+
+
+class ConverterCrashed(ProfileError):
+    """xprof's converter died on a profile this reader could read: its breakdown is missing, the trace's own
+    figures stand (analysis.py)."""
+
+    def __init__(self, xplanes: list[str], tool: str, how: str):
+        self.how = how
+        super().__init__(
+            f"xprof's converter crashed ({how}) in its '{tool}' tool reading {', '.join(xplanes)}, which this "
+            "reader read whole: the file may be damaged, or xprof met a case it does not handle"
+        )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _converter_message(log: str) -> str:
+    """The converter's own error lines ("Can't parse ... as binary proto"), without their log prefixes."""
+    lines = [re.sub(r"^[EWF]\d{4} [\d:. ]+\d+ [\w.]+:\d+\] ", "", line).strip() for line in log.splitlines()]
+    lines = [line for line in lines if line and "No UnifiedProfileProcessor registered" not in line]
+    return "; ".join(dict.fromkeys(lines))[:300]
