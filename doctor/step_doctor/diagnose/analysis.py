@@ -106,6 +106,8 @@ def analyze_session(session: Path) -> dict:
     if not xplanes:
         raise ProfileError(f"{session} holds no .xplane.pb file")
     size_mb = sum(Path(x).stat().st_size for x in xplanes) / 1e6
+    if size_mb <= XPROF_MAX_MB:
+        xprof_converter.prepare()
     wait, steps, planes_say = None, None, "CPU_ONLY"
     said: dict[str, list[str]] = {"errors": [], "warnings": []}  # by the profiler while capturing, e.g. CUPTI's
     for xplane in xplanes:  # every host file must be readable; the first with steps is analysed
