@@ -73,6 +73,7 @@ def test_the_doctor_alone_beside_tensorflow_profiles_and_diagnoses_a_keras_scrip
     run = json.loads(done.stdout)["runs"]["my_train"]
     causes = [r["cause"] for r in run["recommendations"]]
     assert run["verdict"] == "input-bound" and causes[0] == "python-in-map", (run["verdict"], causes)
+    assert run["profile"]["skipped"] == [], run["profile"]["skipped"]  # xprof's breakdown, by the installed child
 
     text = _run([venv / "bin" / "step-doctor", "diagnose", "logs"], work).stdout
     assert "INPUT-BOUND" in text and "python-in-map" in text
