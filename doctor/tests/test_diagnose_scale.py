@@ -432,10 +432,10 @@ def test_bytes_damaged_anywhere_give_a_diagnosis_or_one_paragraph(profiles, tmp_
 
 def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tmp_path, monkeypatch):
     """xprof's converter died of a segmentation fault in CI on bytes damaged as above, and took pytest with it. It
-    runs in a child process: a crash there leaves the trace's own diagnosis, says so, and this process lives; the
-    next conversion starts another child (here one that answers with an error). The crash is a child that kills
-    itself on its first request: the damage that crashed the converter left no file to replay, and 2,000 other
-    damaged copies did not crash it."""
+    runs in a child process: a crash there leaves the trace's own diagnosis, says so, and this process lives; a
+    hung one is stopped; the next conversion starts another child (here one that answers with an error). The
+    crash is a child that kills itself on its first request: the damage that crashed the converter left no file
+    to replay, and 2,000 other damaged copies did not crash it."""
     logdir = profiles["markers"].parents[3]
     whole = diagnose.diagnose(logdir)["runs"]["."]
     fake = tmp_path / "crashing.py"
@@ -447,6 +447,11 @@ def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tm
     assert "crashed (SIGSEGV)" in note and str(profiles["markers"]) in note and "trace itself" in note, note
     assert item["profile"]["input_bound_percent"] == whole["profile"]["input_bound_percent"]
     assert item["verdict"] in VERDICTS - {"unknown"} and "crashed (SIGSEGV)" in diagnose_text(item)
+    fake.write_text("import sys, time\nsys.stdin.readline()\ntime.sleep(600)\n")
+    monkeypatch.setattr(xprof_converter, "TIMEOUT_S", 1.0)
+    hung = diagnose.diagnose(logdir)["runs"]["."]
+    assert "gave no answer in 1 s and was stopped" in hung["profile"]["skipped"][0], hung["profile"]["skipped"]
+    assert hung["verdict"] == item["verdict"]
     fake.write_text(
         "import json, sys\nfor line in sys.stdin:\n"
         "    print(json.dumps({'written': False, 'error': 'ValueError: the converter gave up'}), flush=True)\n"

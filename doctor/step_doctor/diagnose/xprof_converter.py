@@ -13,6 +13,7 @@ import atexit
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -41,6 +42,11 @@ def xprof_tool(xplanes: list[str], tool: str, options: dict | None = None) -> by
     return data
 
 
+# A conversion this long is a converter stuck on a damaged file: xprof's breakdown of the largest profile it is
+# given (analysis.XPROF_MAX_MB) takes 2 s here, and the Diagnose tab's one worker would wait on it forever.
+TIMEOUT_S = 300.0
+
+
 class _Converter:
     """The child process that runs xprof's converter for this one, started on first use and after a crash."""
 
@@ -56,19 +62,24 @@ class _Converter:
             self._start()
 
     def convert(self, request: dict) -> dict:
-        """The child's reply, or {"crashed": how} where it died on this request (the next one starts another)."""
+        """The child's reply, or {"crashed": how} where it died or hung on this request (the next one starts
+        another)."""
         with self._lock:
             self._start()
             try:
                 self._child.stdin.write(json.dumps(request) + "\n")
                 self._child.stdin.flush()
-                line = self._child.stdout.readline()
+                answered, _, _ = select.select([self._child.stdout], [], [], TIMEOUT_S)
+                line = self._child.stdout.readline() if answered else None
             except BrokenPipeError:
                 line = ""
             if line:
                 return json.loads(line)
-            code = self._reap()
-            return {"crashed": _signal_name(-code) if code < 0 else f"exit status {code}"}
+            if line is None:
+                self._child.kill()
+                self._reap()
+                return {"crashed": f"gave no answer in {TIMEOUT_S:.0f} s and was stopped"}
+            return {"crashed": f"crashed ({_how_it_ended(self._reap())})"}
 
     def _start(self) -> None:
         if self._child is None or self._started_by != os.getpid():
@@ -108,22 +119,24 @@ def prepare() -> None:
 
 
 class ConverterCrashed(ProfileError):
-    """xprof's converter died on a profile this reader could read: its breakdown is missing, the trace's own
-    figures stand (analysis.py)."""
+    """xprof's converter died or hung on a profile this reader could read: its breakdown is missing, the trace's
+    own figures stand (analysis.py)."""
 
     def __init__(self, xplanes: list[str], tool: str, how: str):
         self.how = how
         super().__init__(
-            f"xprof's converter crashed ({how}) in its '{tool}' tool reading {', '.join(xplanes)}, which this "
+            f"xprof's converter {how} in its '{tool}' tool reading {', '.join(xplanes)}, which this "
             "reader read whole: the file may be damaged, or xprof met a case it does not handle"
         )
 
 
-def _signal_name(number: int) -> str:
+def _how_it_ended(code: int) -> str:
+    if code >= 0:
+        return f"exit status {code}"
     try:
-        return signal.Signals(number).name
+        return signal.Signals(-code).name
     except ValueError:
-        return f"signal {number}"
+        return f"signal {-code}"
 
 
 def _converter_message(log: str) -> str:
