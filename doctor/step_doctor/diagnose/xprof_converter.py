@@ -43,7 +43,7 @@ def xprof_tool(xplanes: list[str], tool: str, options: dict | None = None) -> by
 
 
 # A conversion this long is a converter stuck on a damaged file: xprof's breakdown of the largest profile it is
-# given (analysis.XPROF_MAX_MB) takes 2 s here, and the Diagnose tab's one worker would wait on it forever.
+# given (analysis.XPROF_MAX_MB, 8 MB) takes about 2 s here, and the Diagnose tab's one worker would wait on it forever.
 TIMEOUT_S = 300.0
 
 
