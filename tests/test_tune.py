@@ -415,14 +415,14 @@ def test_tune_finds_a_real_improvement_from_a_mis_set_start_and_a_second_run_sta
         assert (out / name).stat().st_size > 0
     assert list((out / "tb").glob("events.out.tfevents.*"))
 
-    # A second tune starts from the overlay; a budget too small for any candidate writes nothing.
-    before = tuned.read_text()
+    # A second tune starts from the overlay; a budget too small for one candidate is refused once the start's
+    # trial says so (cb5bb20), with the minutes that would do, and writes nothing.
+    before, report_before = tuned.read_text(), (out / "tune.json").read_text()
     again = run_cli("tune", *common, "--minutes", "0.05", *sets(tiny_data_dir, *mis_set), timeout=300)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"Starting from {tuned}" in again.stdout
-    second = json.loads((out / "tune.json").read_text())
-    assert second["start"] == overlay.flatten(written) and second["stopped"] == "budget"
-    assert tuned.read_text() == before
+    assert again.returncode == 2, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"Starting from {tuned}" in again.stdout and "Traceback" not in again.stderr
+    assert "--minutes 0.05 cannot hold one candidate" in again.stderr and 'ARGS="--minutes' in again.stderr
+    assert tuned.read_text() == before and (out / "tune.json").read_text() == report_before
 
 
 def test_an_earlier_best_is_not_measured_again():

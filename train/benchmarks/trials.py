@@ -367,7 +367,12 @@ def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | No
         devices.split_cpu(max(mirrored))
     found = devices.detect()
     if out is not None:
-        if clean and out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
+        output_folder(out, clean)
     return spec, found
+
+
+def output_folder(out: Path, clean: bool = False) -> None:
+    """The run's output folder, emptied first where `clean` (a new run replaces the last one's results)."""
+    if clean and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,7 @@ def main(opts: TuneOptions) -> int:
         except UserError as error:
             raise UserError(f"{tuned_path} does not fit this config: {error} Delete it or pass --fresh.") from None
     out = Path(opts.out)
-    spec, found = trials.begin(scenario, [base_cfg], out, clean=True)
+    spec, found = trials.begin(scenario, [base_cfg])  # out is emptied once the budget is accepted
     start_cfg = load(start)
     replicas = setup.plan(start_cfg, found, spec).replicas
     knobs = space.plan(start_cfg, spec, found, replicas=replicas, batch=opts.batch, only=list(opts.only))
@@ -128,6 +128,7 @@ def search_and_write(opts, measure, start, base, knobs, began, spec, found, scen
         first_guess_s, final_guess_s, prepare_s, opts.trials.rounds, opts.final_rounds, len(reference)
     )
     command.check_budget(opts.minutes * 60, time.monotonic() - began, first_guess_s, reserve_s, trial_s)
+    trials.output_folder(Path(opts.out), clean=True)  # a refused budget leaves the last tune's results as they were
     start_shuffle = load(start).pipeline.shuffle_buffer
     return command.run(
         start,
