@@ -111,7 +111,7 @@ test: setup ## Run the test suite CI runs: fast and slow tests of the template a
 test-fast: setup ## Run the tests not marked slow or long, the two products side by side (under 90 s), for the edit-test loop
 	$(PY) tests/run_both.py "not slow and not long" $(ARGS)
 
-test-long: setup ## Run the tests marked long: the benchmark harness end to end, the whole profile corpus, the longest reliability tests (25 minutes)
+test-long: setup ## Run the tests marked long: the benchmark harness end to end, the whole profile corpus, the longest reliability tests (25-41 minutes)
 	$(PY) tests/run_both.py --in-turn long $(ARGS)
 
 test-doctor-alone: setup ## Install the doctor alone beside tensorflow-cpu in a fresh virtualenv and profile a Keras script there (2 minutes)
