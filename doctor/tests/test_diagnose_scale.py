@@ -461,6 +461,13 @@ def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tm
     assert str(profiles["markers"]) in failed["error"] and "\n" not in failed["error"]
 
 
+def test_bench_diagnose_adds_the_converters_child_to_the_peak_memory(profiles):
+    """xprof's converter holds the whole profile (about 20 MB per MB) in a child process of its own: a peak that
+    left it out would read 66 MB for a 7.2 MB profile whose diagnosis needs 280 MB."""
+    sample = bench_diagnose._measure(profiles["markers"].parents[3], None, timeout=300)
+    assert sample["status"] == 0 and 0 < sample["converter_rss_mb"] < sample["peak_rss_mb"], sample
+
+
 _MIRRORED = """
 import sys
 import keras, numpy as np, tensorflow as tf

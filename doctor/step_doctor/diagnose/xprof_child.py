@@ -6,9 +6,9 @@ Run here, it ends this one, not the diagnosis or the TensorBoard serving the Dia
 starts another. One process serves every request of its parent, so Python and xprof start once (0.1 s).
 
 Requests come one JSON line at a time on stdin: {"tool", "options", "xplanes", "out", "log"}; the tool's
-output is written to `out`, its C++ log to `log`, and the reply is one JSON line, {"written", "error"}, where
-error is what the converter raised. EOF on stdin (the parent gone) ends it. Run by path, not as a module, so
-that it needs nothing importable but xprof.
+output is written to `out`, its C++ log to `log`, and the reply is one JSON line, {"written", "error",
+"peak_kb"}: what the converter raised, and this process's peak memory so far. EOF on stdin (the parent gone)
+ends it. Run by path, not as a module, so that it needs nothing importable but xprof.
 """
 
 import json
@@ -42,7 +42,16 @@ def _convert(converter, tool: str, options: dict, xplanes: list[str], out: str, 
     if data:
         with open(out, "wb") as handle:
             handle.write(data.encode() if isinstance(data, str) else data)
-    return {"written": bool(data), "error": error}
+    return {"written": bool(data), "error": error, "peak_kb": _peak_kb()}
+
+
+def _peak_kb() -> int:
+    """This process's peak resident memory since its exec (VmHWM; the converter holds the whole profile)."""
+    try:
+        with open("/proc/self/status") as status:
+            return int(next((line.split()[1] for line in status if line.startswith("VmHWM:")), 0))
+    except OSError:  # not Linux
+        return 0
 
 
 if __name__ == "__main__":
