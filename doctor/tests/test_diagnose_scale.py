@@ -11,6 +11,7 @@ a damaged large file, and (slow) a profile of hundreds of MB read in bounded mem
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter, defaultdict
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
 
@@ -433,9 +435,9 @@ def test_bytes_damaged_anywhere_give_a_diagnosis_or_one_paragraph(profiles, tmp_
 def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tmp_path, monkeypatch):
     """xprof's converter died of a segmentation fault in CI on bytes damaged as above, and took pytest with it. It
     runs in a child process: a crash there leaves the trace's own diagnosis, says so, and this process lives; a
-    hung one is stopped; the next conversion starts another child (here one that answers with an error). The
-    crash is a child that kills itself on its first request: the damage that crashed the converter left no file
-    to replay, and 2,000 other damaged copies did not crash it."""
+    hung one is stopped, and one interrupted goes with the call; the next conversion starts another child (here
+    one that answers with an error). The crash is a child that kills itself on its first request: the damage
+    that crashed the converter left no file to replay, and 2,000 other damaged copies did not crash it."""
     logdir = profiles["markers"].parents[3]
     whole = diagnose.diagnose(logdir)["runs"]["."]
     fake = tmp_path / "crashing.py"
@@ -452,6 +454,15 @@ def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tm
     hung = diagnose.diagnose(logdir)["runs"]["."]
     assert "gave no answer in 1 s and was stopped" in hung["profile"]["skipped"][0], hung["profile"]["skipped"]
     assert hung["verdict"] == item["verdict"]
+    # Ctrl-C with a request in flight (the child interrupts its parent once it has the request): it goes too
+    fake.write_text(
+        "import os, signal, sys, time\nsys.stdin.readline()\nos.kill(os.getppid(), signal.SIGALRM)\ntime.sleep(600)\n"
+    )
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        diagnose.diagnose(logdir)
+    signal.signal(signal.SIGALRM, previous)
+    assert not [p.pid for p in psutil.process_iter(["cmdline"]) if str(fake) in (p.info["cmdline"] or [])]
     fake.write_text(
         "import json, sys\nfor line in sys.stdin:\n"
         "    print(json.dumps({'written': False, 'error': 'ValueError: the converter gave up'}), flush=True)\n"
@@ -459,6 +470,10 @@ def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tm
     failed = diagnose.diagnose(logdir)["runs"]["."]
     assert failed["verdict"] == "unreadable" and "the converter gave up" in failed["error"], failed["error"]
     assert str(profiles["markers"]) in failed["error"] and "\n" not in failed["error"]
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def test_bench_diagnose_adds_the_converters_child_to_the_peak_memory(profiles):

@@ -28,21 +28,28 @@ def main() -> int:
 
 
 def _convert(converter, tool: str, options: dict, xplanes: list[str], out: str, log: str) -> dict:
+    """Every request gets its answer: a request whose folder is gone (its caller was interrupted) too."""
+    try:
+        data = _logged(converter, tool, options, xplanes, log)
+        if data:
+            with open(out, "wb") as handle:
+                handle.write(data.encode() if isinstance(data, str) else data)
+        error = None
+    except Exception as raised:  # the converter raises plain exceptions on some bad files
+        data, error = None, f"{type(raised).__name__}: {raised}"
+    return {"written": bool(data), "error": error, "peak_kb": _peak_kb()}
+
+
+def _logged(converter, tool: str, options: dict, xplanes: list[str], log: str):
+    """The converter's output, its C++ log (written to fd 2) in the file `log`."""
     with open(log, "wb") as captured:
         saved = os.dup(2)
         os.dup2(captured.fileno(), 2)
         try:
-            data, _ = converter.xspace_to_tool_data(xplanes, tool, options)
-            error = None
-        except Exception as raised:  # the converter raises plain exceptions on some bad files
-            data, error = None, f"{type(raised).__name__}: {raised}"
+            return converter.xspace_to_tool_data(xplanes, tool, options)[0]
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-    if data:
-        with open(out, "wb") as handle:
-            handle.write(data.encode() if isinstance(data, str) else data)
-    return {"written": bool(data), "error": error, "peak_kb": _peak_kb()}
 
 
 def _peak_kb() -> int:

@@ -10,10 +10,11 @@ Python and xprof start once (0.1 s), not once per profile.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -53,12 +54,12 @@ class _Converter:
     def __init__(self):
         self._lock = threading.Lock()  # the Diagnose tab's worker and a request thread may both convert
         self._child: subprocess.Popen | None = None
-        self._started_by = 0
         self.peak_kb = 0  # the children's peak resident memory (bench-diagnose adds it to this process's)
         atexit.register(self.close)
+        os.register_at_fork(after_in_child=self._forked)
 
     def start(self) -> None:
-        """Starts the child if none runs for this process, without waiting for it to load xprof."""
+        """Starts the child if none runs, without waiting for it to load xprof."""
         with self._lock:
             self._start()
 
@@ -67,25 +68,31 @@ class _Converter:
         another)."""
         with self._lock:
             self._start()
+            child = self._child
             try:
-                self._child.stdin.write(json.dumps(request) + "\n")
-                self._child.stdin.flush()
-                answered, _, _ = select.select([self._child.stdout], [], [], TIMEOUT_S)
-                line = self._child.stdout.readline() if answered else None
+                child.stdin.write(json.dumps(request) + "\n")
+                child.stdin.flush()
+                with selectors.DefaultSelector() as waiting:  # select.select fails on fds past 1023
+                    waiting.register(child.stdout, selectors.EVENT_READ)
+                    line = child.stdout.readline() if waiting.select(TIMEOUT_S) else None
             except BrokenPipeError:
                 line = ""
+            except BaseException:  # interrupted with a request in flight: its answer would go to the next one
+                child.kill()
+                self._reap()
+                raise
             if line:
                 reply = json.loads(line)
                 self.peak_kb = max(self.peak_kb, reply.get("peak_kb", 0))
                 return reply
             if line is None:
-                self._child.kill()
+                child.kill()
                 self._reap()
                 return {"crashed": f"gave no answer in {TIMEOUT_S:.0f} s and was stopped"}
             return {"crashed": f"crashed ({_how_it_ended(self._reap())})"}
 
     def _start(self) -> None:
-        if self._child is None or self._started_by != os.getpid():
+        if self._child is None:
             self._child = subprocess.Popen(
                 [sys.executable, str(_CHILD)],
                 stdin=subprocess.PIPE,
@@ -93,12 +100,29 @@ class _Converter:
                 stderr=subprocess.DEVNULL,  # its log of each request goes to the request's file
                 text=True,
             )
-            self._started_by = os.getpid()
 
     def close(self) -> None:
-        with self._lock:
-            if self._child is not None and self._started_by == os.getpid():
-                self._reap()
+        """At exit: ends the child. Where a thread is converting (the Diagnose tab's worker, a daemon), kills it
+        rather than wait for the conversion: that thread sees it end and tidies up."""
+        if self._lock.acquire(blocking=False):
+            try:
+                if self._child is not None:
+                    self._reap()
+            finally:
+                self._lock.release()
+        elif self._child is not None:
+            self._child.kill()
+
+    def _forked(self) -> None:
+        """In a forked copy of this process: a lock of its own, and none of the parent's child (whose pipes, kept
+        open here, would keep it waiting for requests the parent never sends)."""
+        self._lock = threading.Lock()
+        child, self._child = self._child, None
+        if child is not None:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
+                child.stdout.close()
+            child.returncode = 0  # not ours to wait for
 
     def _reap(self) -> int:
         """Closes the child's stdin, so that it exits once it has answered, and waits for it: its exit status."""
