@@ -106,7 +106,8 @@ def analyze_session(session: Path) -> dict:
     if not xplanes:
         raise ProfileError(f"{session} holds no .xplane.pb file")
     size_mb = sum(Path(x).stat().st_size for x in xplanes) / 1e6
-    if size_mb <= XPROF_MAX_MB:
+    with_xprof = size_mb <= XPROF_MAX_MB
+    if with_xprof:
         xprof_converter.prepare()
     wait, steps, planes_say = None, None, "CPU_ONLY"
     said: dict[str, list[str]] = {"errors": [], "warnings": []}  # by the profiler while capturing, e.g. CUPTI's
@@ -127,12 +128,12 @@ def analyze_session(session: Path) -> dict:
         wait = Unmeasured(
             "the profile shows no training steps (no step markers, no Keras batches, no repeated tf.function)"
         )
-    xprof, skipped = None, [_SKIPPED_XPROF.format(mb=size_mb)]
-    if size_mb <= XPROF_MAX_MB:
+    xprof, skipped = None, [f"{_XPROF_BREAKDOWN}: {_TOO_LARGE_FOR_XPROF.format(mb=size_mb)}"]
+    if with_xprof:
         try:
             xprof, skipped = _xprof_breakdown(xplanes, session), []
         except xprof_converter.ConverterCrashed as crash:
-            skipped = [_CRASHED_XPROF.format(crash=crash)]
+            skipped = [f"{_XPROF_BREAKDOWN}: {crash}. {_CRASHED_XPROF}"]
     profile = _figures(xprof, wait, steps, planes_say)
     profile.update(
         session=str(session),
@@ -152,17 +153,15 @@ def analyze_session(session: Path) -> dict:
     return profile
 
 
-_SKIPPED_XPROF = (
+_XPROF_BREAKDOWN = (
     "xprof's own step breakdown (its step time, input, host and device compute, launch, compile and copy times, "
-    "conclusion and diagnostics): its converter reads the whole {mb:,.0f} MB profile into memory (about 20 MB of "
-    "memory and 0.2 s per MB of profile), more than the rest of the analysis costs. The figures here come from the "
-    "trace itself."
+    "conclusion and diagnostics)"
 )
-_CRASHED_XPROF = (
-    "xprof's own step breakdown (its step time, input, host and device compute, launch, compile and copy times, "
-    "conclusion and diagnostics): {crash}. The figures here come from the trace itself; if they look wrong too, "
-    "capture the profile again."
+_TOO_LARGE_FOR_XPROF = (
+    "its converter reads the whole {mb:,.0f} MB profile into memory (about 20 MB of memory and 0.2 s per MB of "
+    "profile), more than the rest of the analysis costs. The figures here come from the trace itself."
 )
+_CRASHED_XPROF = "The figures here come from the trace itself; if they look wrong too, capture the profile again."
 
 
 def _large_note(profile: dict) -> str:

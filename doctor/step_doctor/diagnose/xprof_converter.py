@@ -156,7 +156,6 @@ class ConverterCrashed(ProfileError):
     own figures stand (analysis.py)."""
 
     def __init__(self, xplanes: list[str], tool: str, how: str):
-        self.how = how
         super().__init__(
             f"xprof's converter {how} in its '{tool}' tool reading {', '.join(xplanes)}, which this "
             "reader read whole: the file may be damaged, or xprof met a case it does not handle"
