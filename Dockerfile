@@ -45,6 +45,10 @@ RUN python -m pip freeze | grep -iE '^(tensorflow|tf[-_]keras|tensorboard)[a-z_-
     python -c "import tensorflow as tf, keras, tensorflow_datasets, pynvml; print('TensorFlow', tf.__version__, 'Keras', keras.__version__, 'GPM', hasattr(pynvml, 'nvmlGpmSampleGet'))"
 
 COPY . .
+# The fix for TensorFlow's profiler crash under MultiWorkerMirroredStrategy (docs/doctor.md), built into a folder
+# only root can write and checked against this image's TensorFlow here, so that a pod never compiles anything.
+ENV STEP_DOCTOR_CONSUME_FIX=/opt/step-doctor/traceme_consume_fix.so
+RUN python -m step_doctor.profile.site.consume_fix prebuild "${STEP_DOCTOR_CONSUME_FIX}"
 RUN useradd --create-home --uid 1000 trainer && \
     mkdir -p runs shards && chown -R trainer:trainer /workspace/template
 USER 1000:1000

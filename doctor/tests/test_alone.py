@@ -7,10 +7,13 @@ CI runs that target. Nothing of the template is importable there, and nothing of
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -45,8 +48,20 @@ model.fit(ds, steps_per_epoch=30, epochs=1, verbose=0)
 """
 
 
-def _run(command, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+# one hook per process: setuptools reads a second hook's options wrongly in the same process (84.2.1)
+BUILD = "import sys; from setuptools import build_meta; getattr(build_meta, sys.argv[1])(sys.argv[2])"
+
+
+def _run(command, cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(c) for c in command],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**environ, **(env or {})},
+    )
     assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-3000:])
     return done
 
@@ -58,7 +73,21 @@ def test_the_doctor_alone_beside_tensorflow_profiles_and_diagnoses_a_keras_scrip
     shutil.copytree(DOCTOR, source, ignore=shutil.ignore_patterns("tests", "build", "*.egg-info", "__pycache__"))
     _run([sys.executable, "-m", "venv", venv], tmp_path)
     python = venv / "bin" / "python"
-    _run([python, "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "tensorflow-cpu", source], tmp_path, timeout=900)
+    # the wheel and the sdist as pip builds them: everything a user runs must be in them, the fix's source included
+    dist = tmp_path / "dist"
+    _run([python, "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "setuptools>=68"], tmp_path)
+    for hook in ("build_wheel", "build_sdist"):
+        _run([python, "-c", BUILD, hook, dist], source)
+    (wheel,) = dist.glob("*.whl")
+    (sdist,) = dist.glob("*.tar.gz")
+    for archive, names in ((wheel, zipfile.ZipFile(wheel).namelist()), (sdist, tarfile.open(sdist).getnames())):
+        shipped = {Path(name).name for name in names if "/profile/site/" in name}
+        assert {"traceme_consume_fix.cc", "traceme_consume_fix.map", "tf_binary.py"} <= shipped, (archive, shipped)
+    _run(
+        [python, "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "tensorflow-cpu", "pillow", wheel],
+        tmp_path,
+        timeout=900,
+    )
 
     work = tmp_path / "work"
     work.mkdir()
@@ -77,3 +106,34 @@ def test_the_doctor_alone_beside_tensorflow_profiles_and_diagnoses_a_keras_scrip
 
     text = _run([venv / "bin" / "step-doctor", "diagnose", "logs"], work).stdout
     assert "INPUT-BOUND" in text and "python-in-map" in text
+
+    # Two MultiWorkerMirroredStrategy workers, started by the script itself: each captured, with the fix for
+    # TensorFlow's crash in stop() built from the installed wheel's source, checked in effect and loaded.
+    for name in ("user_pipelines.py", "xla_pipelines.py"):
+        shutil.copy(DOCTOR / "tests" / name, work / name)
+    _run([python, "user_pipelines.py", "--make-files", "files"], work)
+    cache = tmp_path / "cache"
+    done = _run(
+        [
+            doctor,
+            "profile",
+            "--json",
+            "--logdir",
+            "mw",
+            "--",
+            python,
+            "user_pipelines.py",
+            "multi_worker_generator",
+            "files",
+        ],
+        work,
+        env={"STEP_DOCTOR_CACHE": str(cache)},
+    )
+    document = json.loads(done.stdout)
+    assert set(document["runs"]) == {"worker-0", "worker-1"}, document.get("error")
+    workers = [p for p in document["capture"]["processes"] if (p.get("run") or "").startswith("worker-")]
+    assert {p["run"] for p in workers if p["capture"]["state"] == "done"} == {"worker-0", "worker-1"}
+    for process in workers:
+        fix = process["consume_fix"]
+        assert fix["loaded"] and fix["binary"]["verdict"] == "fixable", fix
+        assert Path(fix["library"]).parent == cache and Path(fix["library"]).exists()

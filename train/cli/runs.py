@@ -52,12 +52,12 @@ def cmd_fit(args) -> int:
     cluster.export(log=print)  # TF_CONFIG from a Kubernetes Indexed Job's pod, when it is not set
     if cfg.profile.enabled and consume_fix.is_multi_worker():  # before TensorFlow loads (the doctor's consume_fix.py)
         fix = consume_fix.load()
-        if not fix["loaded"]:
+        if not fix["safe"]:
             cfg.profile.enabled = False
             print(
                 "warning: profile.enabled turned off for this worker: TensorFlow's profiler can crash a "
-                "MultiWorkerMirroredStrategy worker when it stops, and the fix for it could not be loaded "
-                f"({fix['why']}).",
+                "MultiWorkerMirroredStrategy worker when it stops, and the fix against it is not in effect here: "
+                f"{consume_fix.refusal(fix)}",
                 file=sys.stderr,
             )
     import_tensorflow()

@@ -82,7 +82,9 @@ def _fix_state(status: dict) -> str:
         return ""
     if fix["loaded"]:
         return f"The fix against it was loaded ({fix['library']}): a crash it does not cover, please report it. "
-    return f"The fix against it was not loaded ({fix['why']}). "
+    if fix.get("safe"):
+        return f"The fix was not needed ({fix['why']}): a crash it does not cover, please report it. "
+    return f"The fix against it was not in effect ({fix['why']}). "
 
 
 def _ended_early(status: dict) -> str | None:

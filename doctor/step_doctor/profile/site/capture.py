@@ -62,8 +62,9 @@ PROFILER_APIS = (
 class _Watcher:
     """A meta path finder that runs a hook once a watched module has been executed."""
 
-    def __init__(self, hooks: dict):
+    def __init__(self, hooks: dict, before: dict | None = None):
         self.hooks = hooks
+        self.before = before or {}  # hooks that run before the module's own code (the fix must precede TensorFlow)
 
     def find_spec(self, name, path=None, target=None):
         if name not in self.hooks:
@@ -82,9 +83,11 @@ class _Watcher:
         loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
-        hook, execute = self.hooks.pop(name), loader.exec_module
+        hook, before, execute = self.hooks.pop(name), self.before.pop(name, None), loader.exec_module
 
         def exec_module(module):
+            if before is not None:
+                before(module)
             execute(module)
             hook(module)
 
@@ -130,9 +133,9 @@ class Capture(keras_fit.FitCapture):
             "capture": None,
             "most_called": None,
             "notes": [],
-            "consume_fix": settings.get("consume_fix"),
+            "consume_fix": None,
         }
-        self.multi_worker = consume_fix.is_multi_worker()
+        self.multi_worker = False  # decided when the script imports TensorFlow: it may set TF_CONFIG itself before
 
     # ---- status ----------------------------------------------------------------------------------
 
@@ -179,19 +182,31 @@ class Capture(keras_fit.FitCapture):
     def begin(self, where: str) -> None:
         if os.getpid() != self.pid:
             return
+        run_dir = self.run_dir()  # named in the status even where nothing is captured
+        if consume_fix.is_multi_worker() and not self.multi_worker:  # TF_CONFIG was set after `import tensorflow`
+            self.multi_worker = True
+            self.status["consume_fix"] = {
+                "loaded": False,
+                "safe": False,
+                "check": "import-order",
+                "library": None,
+                "binary": None,
+                "why": "TF_CONFIG was set after the script imported TensorFlow, and the fix must be loaded before it",
+            }
         fix = self.status["consume_fix"]
-        if self.multi_worker and fix and not fix["loaded"] and not self.settings.get("unsafe_multi_worker"):
+        if self.multi_worker and not (fix and fix["safe"]) and not self.settings.get("unsafe_multi_worker"):
             self.state = "skipped"
+            fix = fix or {"check": "load", "why": "loading it failed (see the notes above)"}
             self.status["capture"] = {"state": "skipped", "at": where, "error": f"no fix: {fix['why']}"}
             self.note(
                 "Not captured: this is one of several MultiWorkerMirroredStrategy workers, where TensorFlow's "
-                "profiler can crash the process when it stops (8 of 35 two-worker runs died on TensorFlow 2.21), and "
-                f"the fix that profile loads against it could not be loaded ({fix['why']}). `step-doctor profile "
-                "--unsafe-multi-worker` captures it anyway, at that risk; a C++ compiler (g++) lets the fix load."
+                f"profiler can crash the process when it stops, and the fix against it is not in effect here: "
+                f"{consume_fix.refusal(fix)} `step-doctor profile --unsafe-multi-worker` captures it anyway, at that "
+                "risk."
             )
             return
         try:
-            self.start_profiler(self.run_dir())
+            self.start_profiler(run_dir)
         except Exception as error:  # the script's own session runs, or the profiler failed
             other = type(error).__name__ == "AlreadyExistsError"
             self.state = "skipped" if other else "failed"
@@ -232,6 +247,13 @@ class Capture(keras_fit.FitCapture):
         return self.step - 1 if self.fit_used else self.calls.get(self.loop_function, 0) - 1
 
     # ---- hooks installed when the script imports TensorFlow and Keras -----------------------------
+
+    def before_tensorflow(self, module) -> None:
+        """Load the fix for TensorFlow's crash in stop() where this process is a worker of several (consume_fix.py)."""
+        if consume_fix.is_multi_worker():
+            self.multi_worker = True
+            self.status["consume_fix"] = consume_fix.load()
+            self.save()
 
     def on_tensorflow(self, module) -> None:
         self.tf = module
@@ -357,13 +379,12 @@ def install() -> Capture | None:
         return None
     if not isinstance(settings, dict):
         return None
-    if consume_fix.is_multi_worker():  # before TensorFlow loads: see consume_fix.py
-        settings["consume_fix"] = consume_fix.load()
     capture = Capture(settings)
     hooks = {"tensorflow": capture.on_tensorflow}
     for module, class_name in TRAINERS.items():
         hooks[module] = lambda loaded, class_name=class_name: capture.on_trainer(loaded, class_name)
-    sys.meta_path.insert(0, _Watcher({name: _guarded(capture, hook) for name, hook in hooks.items()}))
+    before = {"tensorflow": _guarded(capture, capture.before_tensorflow)}
+    sys.meta_path.insert(0, _Watcher({name: _guarded(capture, hook) for name, hook in hooks.items()}, before))
     os.register_at_fork(after_in_child=lambda: setattr(capture, "pid", -1))  # a forked child captures nothing
     capture.save()
     return capture
