@@ -111,7 +111,7 @@ def _renamed(source: Path, target: Path, old: str, new: str) -> Path:
         ("old-string-abi", "refused", "string-abi"),
     ],
 )
-def test_each_build_the_shim_cannot_fix_is_refused_by_name(case, verdict, failed, reproducer, tmp_path):
+def test_each_build_the_shim_cannot_fix_is_refused_by_name(case, verdict, failed, reproducer, tmp_path, monkeypatch):
     library = {
         "missing": lambda: tmp_path / "absent.so",
         "not-elf": lambda: _write(tmp_path / "text.so", b"not a library"),
@@ -125,6 +125,14 @@ def test_each_build_the_shim_cannot_fix_is_refused_by_name(case, verdict, failed
     answer = tf_binary.check(str(library))
     assert (answer["verdict"], answer["check"]) == (verdict, failed), answer
     assert answer["why"]
+    # what load() makes of it (nothing is loaded either way), and the note a skipped worker gets
+    monkeypatch.setenv("STEP_DOCTOR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(consume_fix._tf_binary(), "framework_library", lambda: str(library))
+    monkeypatch.setattr(consume_fix, "tensorflow_version", lambda: "2.21.0")
+    fix = consume_fix.load()
+    assert not fix["loaded"] and fix["safe"] == (verdict == "fixed-upstream") and fix["check"] == failed
+    if failed:
+        assert consume_fix.refusal(fix).startswith(f"check '{failed}' failed: {answer['why']}. ")
 
 
 def _write(path: Path, data: bytes) -> Path:
