@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -55,6 +56,7 @@ from pathlib import Path
 import yaml
 
 from step_doctor.diagnose import xla
+from step_doctor.diagnose.diagnosis import Run, RunDiagnosis
 from step_doctor.diagnose.verdict import HOST_BOUND, INPUT_BOUND, host_share, verdict
 
 FILE = Path(__file__).with_name("corpus_expectations.yaml")
@@ -108,23 +110,23 @@ def machine() -> dict:
     }
 
 
-def _first(item: dict) -> tuple[str | None, float | None]:
-    recs = item["recommendations"]
-    return (recs[0]["cause"], recs[0]["estimated_gain"]) if recs else (NONE, None)
+def _first(item: Run) -> tuple[str | None, float | None]:
+    recs = item.recommendations
+    return (recs[0].cause, recs[0].estimated_gain) if recs else (NONE, None)
 
 
 TIE = 0.03  # two speed fixes whose estimated gains are this close (relative) rank by run-to-run noise
 
 
-def first_or_tied(item: dict, causes: list) -> tuple[str | None, float | None]:
+def first_or_tied(item: Run, causes: list) -> tuple[str | None, float | None]:
     """The first recommendation, or the one of `causes` whose estimated gain ties with it (within TIE): on a
     2-core AMD EPYC without bf16 units many_files_sequential read heavy-map 1.21x, sequential-file-reads 1.20x."""
     cause, gain = _first(item)
     if cause in causes or gain is None:
         return cause, gain
-    for rec in item["recommendations"][1:]:
-        if rec["cause"] in causes and rec["kind"] == "speed" and rec["estimated_gain"] >= gain * (1 - TIE):
-            return rec["cause"], rec["estimated_gain"]
+    for rec in item.recommendations[1:]:
+        if rec.cause in causes and rec.kind == "speed" and rec.estimated_gain >= gain * (1 - TIE):
+            return rec.cause, rec.estimated_gain
     return cause, gain
 
 
@@ -132,32 +134,36 @@ NEAR_POINTS = 3.0  # an input share this close to the input-bound threshold read
 NEAR_SHARE = 0.1  # ... and so a CPU-only step's host share this close to HOST_BOUND
 
 
-def verdicts_near(item: dict) -> set[str]:
+def verdicts_near(item: Run) -> set[str]:
     """The verdicts one diagnosis reads with its figures moved by run-to-run noise: its own, and the one across a
     threshold its figures are within NEAR_* of (the verdict's TIE). The CI machine read numpy_function_map_fixed
     host-bound, small-batch 1.93x (a host share of 0.51), where 16 profiles on a machine of the same kind read it
     input-bound or device-bound (one at an input share of 20.5 %)."""
-    profile, found = item.get("profile") or {}, {item["verdict"]}
-    share = profile.get("input_bound_percent")
-    if share is None or not profile.get("step_time_ms") or item["verdict"] in ("unknown", "unreadable"):
+    found = {item.verdict}
+    if not isinstance(item, RunDiagnosis):
         return found
-    under = {verdict({**profile, "input_bound_percent": 0.0})}  # the verdict of the same step without its wait
-    if item.get("device", {}).get("cpu_only") and abs(host_share(profile) - HOST_BOUND) <= NEAR_SHARE:
+    profile = item.profile
+    share = profile.input_bound_percent
+    if share is None or not profile.step_time_ms or item.verdict == "unknown":
+        return found
+    under = {verdict(dataclasses.replace(profile, input_bound_percent=0.0))}  # the same step without its wait
+    if item.device.cpu_only and abs(host_share(profile) - HOST_BOUND) <= NEAR_SHARE:
         under = {"host-bound", "device-bound"}
     if abs(share - INPUT_BOUND) <= NEAR_POINTS:
         return found | under | {"input-bound"}
     return found if share >= INPUT_BOUND else found | under
 
 
-def mismatches(expected: dict, item: dict) -> list[str]:
+def mismatches(expected: dict, item: Run) -> list[str]:
     """What differs between one case's record and one diagnosis of it (empty: it agrees)."""
     found = []
     near = verdicts_near(item)
     if not near & set(expected["verdicts"]):
-        found.append(f"verdict {item['verdict']!r} (near it: {sorted(near)}), recorded {expected['verdicts']}")
-    if any(note.startswith("Unseen producers") for note in item.get("notes", ())):
+        found.append(f"verdict {item.verdict!r} (near it: {sorted(near)}), recorded {expected['verdicts']}")
+    notes = item.notes if isinstance(item, RunDiagnosis) else ()
+    if any(note.startswith("Unseen producers") for note in notes):
         return found  # TensorFlow 2.17 lost part of the trace: the diagnosis says so; ranks are not comparable
-    if any(note.startswith(xla.UNRECORDED) for note in item.get("notes", ())):
+    if any(note.startswith(xla.UNRECORDED) for note in notes):
         return found  # TensorFlow 2.17's XLA on a CPU records nothing: no gain is estimated (diagnose/xla.py)
     allowed = _listed(expected["first"])
     cause, gain = first_or_tied(item, allowed)
@@ -275,14 +281,14 @@ while True:
 """
 
 
-def _diagnosed(root: Path, keep) -> Iterator[tuple[str, dict]]:
+def _diagnosed(root: Path, keep) -> Iterator[tuple[str, Run]]:
     """(key, its diagnosis) for each profile under ROOT/round_N/ whose key `keep` accepts, in order."""
     from step_doctor.diagnose.report import diagnose
 
     for logdir in sorted(root.glob("round_*/*")):
         key = logdir.name.replace("__", "/")
         if keep(key):
-            (item,) = diagnose(logdir)["runs"].values()
+            (item,) = diagnose(logdir).runs.values()
             yield key, item
 
 
@@ -309,9 +315,9 @@ def margins(root: Path) -> dict:
     expected, found = load(), defaultdict(list)
     for key, item in _diagnosed(root, expected.__contains__):
         first = set(_listed(expected[key]["first"]))
-        speed = [r for r in item["recommendations"] if r["kind"] == "speed"]
-        lead = max((r["score"] for r in speed if r["cause"] in first), default=0.0)
-        other = max((r["score"] for r in speed if r["cause"] not in first), default=0.0)
+        speed = [r for r in item.recommendations if r.kind == "speed"]
+        lead = max((r.score for r in speed if r.cause in first), default=0.0)
+        other = max((r.score for r in speed if r.cause not in first), default=0.0)
         # None: nothing else ranked, or the recorded first is not ranked by its score (a structural fix, or none)
         found[key].append(round(lead / other, 2) if other and lead else None)
     return dict(found)
@@ -325,7 +331,7 @@ def record(root: Path, rounds: int, out: Path, pool: bool = False, only: set | N
     _profile_rounds(root, rounds, only)
     seen = defaultdict(list)
     for key, item in _diagnosed(root, lambda key: split(key)[0] in ALL and (not only or key in only)):
-        seen[key].append((item["verdict"], *_first(item)))
+        seen[key].append((item.verdict, *_first(item)))
     cases = {key: summarize(obs, PLANTED.get(split(key)[0])) for key, obs in sorted(seen.items())}
     machines = [machine()]
     if pool and out.exists():  # what the record already holds, from other machines or other rounds, stays in it
@@ -359,9 +365,9 @@ def fixes(root: Path) -> dict:
     from step_doctor.diagnose.report import diagnose
     from tests.user_pipelines import FIXED
 
-    def per_example(item: dict) -> float:
-        wait = item["profile"]["input_pipeline"]
-        return wait["step_ms"] / wait["batch_size"]
+    def per_example(item: RunDiagnosis) -> float:
+        wait = item.profile.wait
+        return wait.step_ms / wait.batch_size
 
     found = {}
     for case in sorted(FIXED):
@@ -369,9 +375,9 @@ def fixes(root: Path) -> dict:
         for round_dir in sorted(root.glob("round_*")):
             before, after = round_dir / case, round_dir / f"{case}_fixed"
             if before.is_dir() and after.is_dir():
-                (b,) = diagnose(before)["runs"].values()
-                (a,) = diagnose(after)["runs"].values()
-                estimated.append(b["recommendations"][0]["estimated_gain"])
+                (b,) = diagnose(before).runs.values()
+                (a,) = diagnose(after).runs.values()
+                estimated.append(b.recommendations[0].estimated_gain)
                 measured.append(round(per_example(b) / per_example(a), 2))
         if estimated:
             found[case] = {"estimated": (median(estimated), estimated), "measured": (median(measured), measured)}

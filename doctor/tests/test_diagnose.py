@@ -19,8 +19,9 @@ from step_doctor.diagnose import command, input_causes, report, stages, structur
 from step_doctor.diagnose.device import DeviceView
 from step_doctor.diagnose.recommend import recommendations
 from step_doctor.diagnose.recommendation import Causes
-from step_doctor.diagnose.wait_record import InputWait, Unmeasured, from_json
+from step_doctor.diagnose.wait_record import InputWait, Unmeasured
 from step_doctor.errors import UserError
+from tests import records
 from tests.conftest import run_cli
 
 
@@ -97,7 +98,7 @@ def no_steps(tmp_path_factory):
 
 @profiles
 def test_slow_pipeline_is_input_bound_and_the_python_map_is_named(logs):
-    item = diagnose.diagnose(logs / "slow")["runs"]["."]
+    item = diagnose.diagnose(logs / "slow").to_json()["runs"]["."]
     assert item["verdict"] == "input-bound" and not item["steps_inferred"]
     assert item["profile"]["steps"] >= 9  # the ten marked steps, less the ones xprof leaves out
     assert item["profile"]["input_bound_percent"] >= 50
@@ -110,7 +111,7 @@ def test_slow_pipeline_is_input_bound_and_the_python_map_is_named(logs):
 
 @profiles
 def test_fast_pipeline_is_not_input_bound(logs):
-    item = diagnose.diagnose(logs / "fast")["runs"]["."]
+    item = diagnose.diagnose(logs / "fast").to_json()["runs"]["."]
     assert item["verdict"] != "input-bound"
     assert item["profile"]["input_bound_percent"] < 5
     input_causes = {"python-in-map", "sequential-map", "heavy-map", "no-prefetch", "slow-stage"}
@@ -120,14 +121,14 @@ def test_fast_pipeline_is_not_input_bound(logs):
 @profiles
 def test_stock_callback_profiles_get_an_inferred_verdict(logs):
     result = diagnose.diagnose(logs)
-    fast, slow = result["runs"]["stock_fast/train"], result["runs"]["stock_slow/train"]
-    assert fast["steps_inferred"] and slow["steps_inferred"]
-    assert "No step marker" in " ".join(fast["profile"]["diagnostics"])  # xprof's own view: no step time
-    assert fast["verdict"] != "input-bound" and fast["profile"]["input_bound_percent"] < 5
-    assert slow["verdict"] == "input-bound" and slow["recommendations"][0]["cause"] == "python-in-map"
-    marked = result["runs"]["slow"]["profile"]["input_bound_percent"]
-    assert abs(slow["profile"]["input_bound_percent"] - marked) <= 10
-    assert "StepTraceProfiler" in slow["how_to_capture"]
+    fast, slow = result.runs["stock_fast/train"], result.runs["stock_slow/train"]
+    assert fast.steps_inferred and slow.steps_inferred
+    assert "No step marker" in " ".join(fast.profile.diagnostics)  # xprof's own view: no step time
+    assert fast.verdict != "input-bound" and fast.profile.input_bound_percent < 5
+    assert slow.verdict == "input-bound" and slow.recommendations[0].cause == "python-in-map"
+    marked = result.runs["slow"].profile.input_bound_percent
+    assert abs(slow.profile.input_bound_percent - marked) <= 10
+    assert "StepTraceProfiler" in slow.how_to_capture
     text = diagnose.render(result)
     assert "INPUT-BOUND (inferred steps)" in text and "Profiled batch events" in text
 
@@ -145,9 +146,9 @@ def test_several_runs_get_one_summary_line_each_then_details(logs):
 def test_cores_the_profile_does_not_record_are_said_to_be_unknown(logs):
     """tf.data records its cores on the Root iterator (cpu_budget, threadpool_size); where a profile lacks them
     (another TensorFlow, a capture without the Root's events), estimates must not claim the profile said so."""
-    profile = diagnose.diagnose(logs / "slow")["runs"]["."]["profile"]
-    assert profile["input_pipeline"]["cpu_budget"]  # this machine's profile records them
-    unknown = {**profile, "input_pipeline": {**profile["input_pipeline"], "cpu_budget": None}}
+    profile = diagnose.diagnose(logs / "slow").runs["."].profile
+    assert profile.wait.cpu_budget  # this machine's profile records them
+    unknown = dataclasses.replace(profile, wait=dataclasses.replace(profile.wait, cpu_budget=None))
     known_first, unknown_first = recommendations(profile)[0], recommendations(unknown)[0]
     assert known_first.cause == unknown_first.cause == "python-in-map"
     assert "given in this profile" in known_first.caveat and "cores unknown" not in known_first.caveat
@@ -165,16 +166,17 @@ def _claimed_gpu(logs, tmp_path, name):
 
 @profiles
 def test_a_gpu_run_without_device_trace_says_why_and_how_to_fix_it(logs, tmp_path):
-    fast = diagnose.diagnose(_claimed_gpu(logs, tmp_path, "fast"))["runs"]["."]
-    assert fast["verdict"] == "not-input-bound"  # not "device-bound" from the host's figures
-    assert not fast["device"]["cpu_only"] and fast["device"]["busy_percent"] is None
-    assert "H100" in fast["device"]["unmeasured"] and "SYS_ADMIN" in fast["device"]["unmeasured"]
-    assert "NVreg_RestrictProfilingToAdminUsers=0" in fast["device"]["unmeasured"]
-    text = diagnose.render({"runs": {".": fast}})
+    claimed = diagnose.diagnose(_claimed_gpu(logs, tmp_path, "fast"))
+    fast = claimed.runs["."]
+    assert fast.verdict == "not-input-bound"  # not "device-bound" from the host's figures
+    assert not fast.device.cpu_only and fast.device.busy_percent is None
+    assert "H100" in fast.device.unmeasured and "SYS_ADMIN" in fast.device.unmeasured
+    assert "NVreg_RestrictProfilingToAdminUsers=0" in fast.device.unmeasured
+    text = diagnose.render(claimed)
     assert "device busy: not measured" in text and "CPU-only" not in text and "No device trace" in text
-    slow = diagnose.diagnose(_claimed_gpu(logs, tmp_path, "slow"))["runs"]["."]
-    assert slow["verdict"] == "input-bound"  # the input wait comes from host events and stands
-    assert slow["recommendations"][0]["cause"] == "python-in-map"
+    slow = diagnose.diagnose(_claimed_gpu(logs, tmp_path, "slow")).runs["."]
+    assert slow.verdict == "input-bound"  # the input wait comes from host events and stands
+    assert slow.recommendations[0].cause == "python-in-map"
 
 
 @profiles
@@ -193,12 +195,13 @@ def test_a_device_plane_without_events_is_no_device_busy_figure_of_zero(logs, tm
     plane = space.planes.add()
     plane.id, plane.name = max(p.id for p in space.planes) + 1, "/device:GPU:0"
     xplane.write_bytes(space.SerializeToString())
-    item = diagnose.diagnose(run)["runs"]["."]
-    assert item["profile"]["hardware_type"] == "GPU" and item["profile"]["device_busy_percent"] == 0.0
-    assert item["verdict"] == "not-input-bound" and item["device"]["busy_percent"] is None
-    assert "CUPTI" in item["device"]["unmeasured"]
-    assert "model-too-small" not in {r["cause"] for r in item["recommendations"]}
-    assert "device busy: not measured" in diagnose.render({"runs": {".": item}})
+    result = diagnose.diagnose(run)
+    item = result.runs["."]
+    assert item.profile.hardware_type == "GPU" and item.profile.device_busy_percent == 0.0
+    assert item.verdict == "not-input-bound" and item.device.busy_percent is None
+    assert "CUPTI" in item.device.unmeasured
+    assert "model-too-small" not in {r.cause for r in item.recommendations}
+    assert "device busy: not measured" in diagnose.render(result)
 
 
 @profiles
@@ -223,14 +226,15 @@ def test_the_profilers_own_errors_reach_the_diagnosis(logs, tmp_path):
     xplane.write_bytes(space.SerializeToString())
     with xspace.XSpaceFile(xplane) as read:
         assert (read.errors, read.warnings, read.hostnames) == (list(space.errors), list(space.warnings), ["vm"])
-    item = diagnose.diagnose(run)["runs"]["."]
-    assert item["profile"]["profiler_errors"] == [refused]
-    assert item["profile"]["profiler_warnings"] == ["cupti activity buffer full"]
-    assert not item["device"]["cpu_only"] and item["verdict"] == "not-input-bound"
-    assert refused in item["device"]["unmeasured"] and "SYS_ADMIN" in item["device"]["unmeasured"]
-    assert refused in diagnose.render({"runs": {".": item}})
-    plain = diagnose.diagnose(logs / "fast")["runs"]["."]  # the same profile without the error: CPU-only
-    assert plain["profile"]["profiler_errors"] == [] and plain["device"]["cpu_only"]
+    result = diagnose.diagnose(run)
+    item = result.runs["."]
+    assert item.profile.profiler_errors == (refused,)
+    assert item.profile.profiler_warnings == ("cupti activity buffer full",)
+    assert not item.device.cpu_only and item.verdict == "not-input-bound"
+    assert refused in item.device.unmeasured and "SYS_ADMIN" in item.device.unmeasured
+    assert refused in diagnose.render(result)
+    plain = diagnose.diagnose(logs / "fast").runs["."]  # the same profile without the error: CPU-only
+    assert plain.profile.profiler_errors == () and plain.device.cpu_only
 
 
 def test_only_far_out_time_of_a_millisecond_or_more_is_taken_for_a_stall():
@@ -259,7 +263,7 @@ def test_only_far_out_time_of_a_millisecond_or_more_is_taken_for_a_stall():
     assert few["stall_ms"] == 0.0 and few["stretched_steps"] == 0
     gaps = stalls.split(step, [500.0] * n, [500.0] * n, ([1500.0] * n, [500.0] * n), [{}] * n)  # from activity.py
     assert (gaps["stall_ms"], gaps["gaps_ms"], gaps["pipeline_ms"]) == pytest.approx((1.5, 1.5, 0.5))
-    wait = _wait(step_ms=10.0, stall_ms=1.5, stall={"pipeline_ms": 0.5})
+    wait = records.wait(step_ms=10.0, stall_ms=1.5, stall={"pipeline_ms": 0.5})
     assert (stalls.working_step(wait), stalls.left_out(wait)) == pytest.approx((9.0, 1.0))
 
 
@@ -290,9 +294,9 @@ def test_cli_json_and_the_regression_guard(logs):
 @profiles
 def test_the_gate_fails_a_run_at_exactly_its_threshold_as_the_verdict_calls_it(logs, capsys):
     """The verdict calls a share at the threshold input-bound: the gate at that share must fail the run too."""
-    item = diagnose.diagnose(logs / "slow")["runs"]["."]
-    share = item["profile"]["input_bound_percent"]
-    assert verdict.verdict({**item["profile"], "input_bound_percent": verdict.INPUT_BOUND}) == "input-bound"
+    profile = diagnose.diagnose(logs / "slow").runs["."].profile
+    share = profile.input_bound_percent
+    assert verdict.verdict(dataclasses.replace(profile, input_bound_percent=verdict.INPUT_BOUND)) == "input-bound"
     assert command.main(str(logs / "slow"), fail_if_input_bound=share) == command.INPUT_BOUND
     assert f"({share:.1f}%)" in capsys.readouterr().err
     assert command.main(str(logs / "slow"), fail_if_input_bound=share + 0.1) == 0
@@ -300,8 +304,8 @@ def test_the_gate_fails_a_run_at_exactly_its_threshold_as_the_verdict_calls_it(l
 
 @profiles
 def test_the_gate_never_passes_what_it_could_not_measure(no_steps):
-    item = diagnose.diagnose(no_steps)["runs"]["."]
-    assert item["verdict"] == "unknown" and item["profile"]["input_bound_percent"] is None
+    item = diagnose.diagnose(no_steps).runs["."]
+    assert item.verdict == "unknown" and item.profile.input_bound_percent is None
     gated = run_cli("diagnose", str(no_steps), "--fail-if-input-bound", "20", timeout=120)
     assert gated.returncode == command.UNMEASURED, gated.stdout + gated.stderr
     assert "could not measure" in gated.stderr and "no training steps" in gated.stderr
@@ -339,9 +343,9 @@ def test_damaged_profiles_get_one_paragraph_naming_the_file_and_fail_the_gate(lo
     paths = _damaged(logs, tmp_path)
     result = diagnose.diagnose(tmp_path)
     for name, path in paths.items():
-        item = result["runs"][name]
-        assert item["verdict"] == "unreadable", name
-        assert str(path) in item["error"] and "\n" not in item["error"], item["error"]
+        item = result.runs[name]
+        assert item.verdict == "unreadable", name
+        assert str(path) in item.error and "\n" not in item.error, item.error
     cli = run_cli("diagnose", str(tmp_path), "--fail-if-input-bound", "20", timeout=120)
     assert cli.returncode == command.UNMEASURED
     assert "Traceback" not in cli.stdout + cli.stderr
@@ -359,8 +363,8 @@ def test_a_wait_whose_producers_left_no_events_is_called_out():
             {"path": "Iterator::Root::Prefetch", "pass_through": True, "blocking_ms": unattributed_ms},
             {"path": "Iterator::Root::Prefetch::Shuffle", "pass_through": False, "blocking_ms": 8 - unattributed_ms},
         ]
-        wait = _wait(step_ms=10.0, input_ms=8.0, unattributed_ms=unattributed_ms, stages=stages)
-        return {"device_busy_percent": 50.0, "input_pipeline": wait.to_json()}
+        wait = records.wait(step_ms=10.0, input_ms=8.0, unattributed_ms=unattributed_ms, stages=stages)
+        return records.profile(wait, device_busy_percent=50.0)
 
     gpu = DeviceView(cpu_only=False, busy_percent=50.0, unmeasured=None)
     (note,) = report.notes(profile(3.0), gpu)
@@ -417,7 +421,7 @@ def _padded_wait(
 
     padded = stage(path, "PaddedBatchV2", batch_shapes, batch_size="32")
     fed = stage(path + "::FlatMap", "FlatMap", fed_shapes)
-    return _wait(step_ms=10.0, input_ms=1.0, compute_ms=6.0, stages=[padded, fed])
+    return records.wait(step_ms=10.0, input_ms=1.0, compute_ms=6.0, stages=[padded, fed])
 
 
 def test_a_padded_batch_is_a_structural_fix_only_where_it_pads_without_buckets():
@@ -468,7 +472,7 @@ def test_python_tokenization_in_a_run_that_does_not_wait_for_it_is_a_latent_note
         _tree_stage(root + "::FlatMap", "FlatMap", shapes="[?] []", types="int32 int32"),
         _tree_stage(root + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32"),
     ]
-    wait = _wait(step_ms=200.0, input_ms=2.0, cpu_budget=2, stages=tree)
+    wait = records.wait(step_ms=200.0, input_ms=2.0, cpu_budget=2, stages=tree)
     (note,) = structural.latent_fixes(wait, cpu_only=True, listed=[])
     assert note.cause == "python-tokenization" and note.kind == "latent" and note.stage.endswith("Generator")
     assert "[?] int32: token ids" in note.evidence and "tokenized once" in note.if_faster
@@ -483,7 +487,7 @@ def test_a_shuffle_buffer_filled_from_python_tokenization_says_to_tokenize_once(
     shuffle = _tree_stage(at, "Shuffle", buffer_size="1000", shapes="[?] []", types="int32 int32")
     shuffle.update({"fill_ms": 36.0, "fills": 1, "pulled_per_fill": 1000, "element_mb": None})
     tokens = _tree_stage(at + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32")
-    wait = _wait(step_ms=320.0, input_ms=44.0, cpu_budget=2, stages=[shuffle, tokens])
+    wait = records.wait(step_ms=320.0, input_ms=44.0, cpu_budget=2, stages=[shuffle, tokens])
     causes = Causes(320.0)
     input_causes.input_causes(wait, cpu_only=True, causes=causes)
     (refill,) = [r for r in causes.found if r.cause == "shuffle-buffer-refill"]
@@ -491,46 +495,19 @@ def test_a_shuffle_buffer_filled_from_python_tokenization_says_to_tokenize_once(
     assert "TextVectorization" in refill.fix and refill.removes_ms == 36.0
 
 
-def _wait(**figures) -> InputWait:
-    """A measured input wait with the figures a test gives, the others empty."""
-    empty = dict(
-        measured=True,
-        reason=None,
-        step_source="markers",
-        inferred=False,
-        function=None,
-        steps=10,
-        steps_left_out=1,
-        step_ms=0.0,
-        input_ms=0.0,
-        input_percent=None,
-        getnext_per_step=1.0,
-        getnext_floor_ms=None,
-        compute_ms=0.0,
-        overhead_ms=0.0,
-        per_step=[],
-        cpu_budget=None,
-        autotune=None,
-        batch_size=None,
-        prefetch=[],
-        unattributed_ms=0.0,
-        stages=[],
-    )
-    return InputWait(**{**empty, **figures})
-
-
 @profiles
-def test_the_input_wait_reads_back_from_its_json_and_a_misspelt_figure_is_an_error(logs):
-    """The document's input_pipeline is the record's to_json, keys in order; from_json gives the same record back."""
-    written = diagnose.diagnose(logs / "slow")["runs"]["."]["profile"]["input_pipeline"]
-    record = from_json(written)
+def test_the_input_wait_is_read_by_attribute_and_written_as_the_documents_input_pipeline(logs):
+    """The document's input_pipeline is the record's to_json, keys in order; a misspelt figure is an error."""
+    result = diagnose.diagnose(logs / "slow")
+    written = result.to_json()["runs"]["."]["profile"]["input_pipeline"]
+    record = result.runs["."].profile.wait
     assert isinstance(record, InputWait) and record.measured and record.device is None
     assert list(record.to_json()) == list(written) and json.dumps(record.to_json()) == json.dumps(written)
     with pytest.raises(AttributeError):
         record.input_wait_ms  # noqa: B018
     with pytest.raises(TypeError):
-        from_json({**written, "inptu_ms": 1.0})
-    none = from_json({"measured": False, "reason": "the profile shows no training steps"})
-    assert isinstance(none, Unmeasured) and none.to_json() == {"measured": False, "reason": none.reason}
+        InputWait(**{**written, "inptu_ms": 1.0})
+    none = Unmeasured("the profile shows no training steps")
+    assert none.to_json() == {"measured": False, "reason": none.reason}
     with pytest.raises(AttributeError):
         none.step_ms  # noqa: B018

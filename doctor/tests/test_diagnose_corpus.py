@@ -8,6 +8,7 @@ two products' fast tests side by side). How fast diagnose itself is, is measured
 (`make bench-diagnose`), never asserted here.
 """
 
+import dataclasses
 import itertools
 import json
 import os
@@ -24,10 +25,9 @@ import pytest
 from step_doctor import diagnose
 from step_doctor.diagnose import hosttrace, verdict
 from step_doctor.diagnose import xla as xla_figures
-from step_doctor.diagnose.recommendation import Recommendation
+from step_doctor.diagnose.diagnosis import Diagnosis
 from step_doctor.diagnose.stalls import working_step
 from step_doctor.diagnose.structural import latent_fixes, production, structural_fixes
-from step_doctor.diagnose.wait_record import from_json
 from tests import corpus_expectations, user_pipelines
 
 pytestmark = pytest.mark.slow  # those also marked stack run on the container stack (make test-container-stack)
@@ -69,33 +69,33 @@ def profiled(tmp_path_factory):
 
 
 def _only_run(logdir):
-    runs = diagnose.diagnose(logdir)["runs"]
+    runs = diagnose.diagnose(logdir).runs
     assert len(runs) == 1, runs
     return next(iter(runs.values()))
 
 
 def _check_first_cause(item, case):
-    assert item["verdict"] not in ("unknown", "unreadable"), item
-    unseen = [note for note in item["notes"] if note.startswith("Unseen producers")]
+    assert item.verdict not in ("unknown", "unreadable"), item
+    unseen = [note for note in item.notes if note.startswith("Unseen producers")]
     if unseen:
         # TF 2.17's profiler loses the events of each finished epoch's tf.data threads (the container stack): the
         # diagnosis must say so and still find the cause in what is left, but cannot rank it on full figures.
         # Where most of the wait is unseen, what is left may price the cause under the 5 % listing cut-off (on a
         # 2-core AMD EPYC without bf16 units: shuffle_decoded_full_size, 68 % unseen, its refill 1.05x or less).
         share = float(re.search(r"input wait per step \((\d+) %\)", unseen[0]).group(1))
-        listed = {r["cause"] for r in item["recommendations"] + item["latent"]}
-        assert PLANTED[case] in listed or share >= 50, (share, item["recommendations"])
+        listed = {r.cause for r in item.recommendations + item.latent}
+        assert PLANTED[case] in listed or share >= 50, (share, item.recommendations)
         assert "Profile steps within one epoch" in unseen[0]
         return
     if _unrecorded(item):
         _check_unrecorded(item, churns=PLANTED[case] == "recompilation")
         return
     cause, _ = corpus_expectations.first_or_tied(item, [PLANTED[case]])
-    assert cause == PLANTED[case], (case, [(r["cause"], r["estimated_gain"]) for r in item["recommendations"]])
-    first = next(r for r in item["recommendations"] if r["cause"] == cause)
-    assert first["evidence"] and first["fix"] and first["estimated_gain"] >= 1.0
-    if first["kind"] == "speed":
-        assert first["estimated_gain"] >= 1.05
+    assert cause == PLANTED[case], (case, [(r.cause, r.estimated_gain) for r in item.recommendations])
+    first = next(r for r in item.recommendations if r.cause == cause)
+    assert first.evidence and first.fix and first.estimated_gain >= 1.0
+    if first.kind == "speed":
+        assert first.estimated_gain >= 1.05
 
 
 @pytest.mark.stack
@@ -107,17 +107,17 @@ def test_first_recommendation_names_the_planted_cause(profiled, case):
 @pytest.mark.stack
 def test_the_fine_pipeline_is_not_input_bound(profiled):
     item = _only_run(profiled("already_fine"))
-    assert item["verdict"] != "input-bound" and item["profile"]["input_bound_percent"] < 5
-    assert not INPUT_CAUSES & {r["cause"] for r in item["recommendations"]}
+    assert item.verdict != "input-bound" and item.profile.input_bound_percent < 5
+    assert not INPUT_CAUSES & {r.cause for r in item.recommendations}
 
 
 @pytest.mark.stack
 def test_stock_callback_verdict_agrees_with_the_markers(profiled):
     marked = _only_run(profiled("numpy_function_map"))
     stock = _only_run(profiled("numpy_function_map", how="stock"))
-    assert stock["steps_inferred"] and not marked["steps_inferred"]
-    assert stock["verdict"] == marked["verdict"] == "input-bound"
-    assert abs(stock["profile"]["input_bound_percent"] - marked["profile"]["input_bound_percent"]) <= 10
+    assert stock.steps_inferred and not marked.steps_inferred
+    assert stock.verdict == marked.verdict == "input-bound"
+    assert abs(stock.profile.input_bound_percent - marked.profile.input_bound_percent) <= 10
     _check_first_cause(stock, "numpy_function_map")
 
 
@@ -125,7 +125,7 @@ def test_stock_callback_verdict_agrees_with_the_markers(profiled):
 def test_a_bare_profiler_capture_gets_the_same_diagnosis(profiled):
     """tf.profiler.experimental.start/stop around fit: no markers, no Keras batches; steps from the executions."""
     item = _only_run(profiled("numpy_function_map", how="bare"))
-    assert item["steps_inferred"] and item["profile"]["step_source"] == "executions of the train function"
+    assert item.steps_inferred and item.profile.step_source == "executions of the train function"
     _check_first_cause(item, "numpy_function_map")
 
 
@@ -134,7 +134,7 @@ def test_a_bare_profiler_capture_gets_the_same_diagnosis(profiled):
 def test_the_fixed_pipeline_no_longer_shows_its_cause(profiled, case):
     """The first fix applied as a user would write it: the profile no longer shows the cause."""
     after = _only_run(profiled(case + "_fixed"))
-    assert PLANTED[case] not in {r["cause"] for r in after["recommendations"]}, after["recommendations"]
+    assert PLANTED[case] not in {r.cause for r in after.recommendations}, after.recommendations
 
 
 @pytest.mark.stack
@@ -142,16 +142,16 @@ def test_a_pipeline_without_prefetch_lists_it_even_when_another_cause_ranks_firs
     """No prefetch anywhere, waiting for input a quarter of each step or more: the map ranks first, and the prefetch
     the tree lacks is listed too, with its estimate and the reason for it (the map-and-batch runs a batch ahead)."""
     item = _only_run(profiled("decode_map_no_prefetch"))
-    assert item["verdict"] == "input-bound" and item["profile"]["input_pipeline"]["prefetch"] == []
-    assert item["recommendations"][0]["cause"] == "sequential-map"
-    prefetch = next(r for r in item["recommendations"] if r["cause"] == "no-prefetch")
-    assert prefetch["estimated_gain"] >= 1.0 and "MapAndBatch" in prefetch["evidence"]
-    assert "runs ahead" in prefetch["evidence"] and ".prefetch(tf.data.AUTOTUNE)" in prefetch["fix"]
+    assert item.verdict == "input-bound" and item.profile.wait.prefetch == []
+    assert item.recommendations[0].cause == "sequential-map"
+    prefetch = next(r for r in item.recommendations if r.cause == "no-prefetch")
+    assert prefetch.estimated_gain >= 1.0 and "MapAndBatch" in prefetch.evidence
+    assert "runs ahead" in prefetch.evidence and ".prefetch(tf.data.AUTOTUNE)" in prefetch.fix
 
 
 def _structural(item, listed=()):
-    wait = from_json(item["profile"]["input_pipeline"])
-    return {r.cause: r for r in structural_fixes(wait, item["device"]["cpu_only"], listed=list(listed))}
+    wait = item.profile.wait
+    return {r.cause: r for r in structural_fixes(wait, item.device.cpu_only, listed=list(listed))}
 
 
 @pytest.mark.stack
@@ -159,18 +159,18 @@ def test_every_structural_fix_the_tree_shows_is_found(profiled):
     """Files read one at a time, a map written without parallel calls, no prefetch: each is found in the tree
     whichever holds the step most, listed, and none twice; decoding every epoch with no cache after it too."""
     item = _only_run(profiled("records_one_at_a_time"))
-    assert item["verdict"] == "input-bound"
+    assert item.verdict == "input-bound"
     three = ("sequential-file-reads", "sequential-map", "no-prefetch")
     found = _structural(item)
     assert set(three) <= set(found)
     assert found["sequential-file-reads"].stage.endswith("FlatMap")
     assert found["sequential-map"].stage.endswith("MapAndBatch")
-    listed = [(r["cause"], r["stage"]) for r in item["recommendations"]]
+    listed = [(r.cause, r.stage) for r in item.recommendations]
     assert len(listed) == len(set(listed)) and {(found[c].cause, found[c].stage) for c in three} <= set(listed)
     decoded = _only_run(profiled("numpy_function_map_fixed"))  # decode + resize in a parallel map, no cache
     assert "decode-every-epoch" in _structural(decoded)  # found in the tree
     # listed as a fix where the run is input-bound, as a latent note where it is not (the machine's speed decides)
-    already = [Recommendation.from_dict(r) for r in decoded["recommendations"] + decoded["latent"]]
+    already = [*decoded.recommendations, *decoded.latent]
     assert "decode-every-epoch" not in _structural(decoded, already)  # and not listed twice
 
 
@@ -179,15 +179,13 @@ def test_a_prefetch_below_the_root_does_not_hide_the_one_missing_at_the_root(pro
     """A prefetch written before .shuffle().batch() makes elements ahead; the batches are still made while the model
     waits, so the fix at the root is found, estimated on the wait above the deeper prefetch."""
     item = _only_run(profiled("prefetch_before_batch"))
-    assert [p["path"].split("::")[-2:] for p in item["profile"]["input_pipeline"]["prefetch"]] == [
-        ["Shuffle", "Prefetch"]
-    ]
+    assert [p["path"].split("::")[-2:] for p in item.profile.wait.prefetch] == [["Shuffle", "Prefetch"]]
     prefetch = _structural(item)["no-prefetch"]
     assert prefetch.stage.endswith("BatchV2") and "runs only what lies below it ahead" in prefetch.evidence
 
 
 def _listed(item, cause):
-    return [r for r in item["recommendations"] + item["latent"] if r["cause"] == cause]
+    return [r for r in item.recommendations + item.latent if r.cause == cause]
 
 
 @pytest.mark.long
@@ -203,19 +201,17 @@ def test_the_same_pipeline_is_input_bound_under_a_fast_model_and_device_bound_un
     # What the two verdicts below need: the map runs ahead by its two calls, so the fast model waits about 1 - ratio
     # of its step (input-bound from 20 %). On a 2-core AMD EPYC without bf16 units the narrowest model reads 0.51.
     assert fast_ratio <= 0.7 and slow_ratio >= 2.5, (fast_ratio, slow_ratio)
-    assert fast["verdict"] == "input-bound", (fast_ratio, fast["profile"]["input_bound_percent"])
-    assert slow["verdict"] == "device-bound", (slow_ratio, slow["profile"]["input_bound_percent"])
+    assert fast.verdict == "input-bound", (fast_ratio, fast.profile.input_bound_percent)
+    assert slow.verdict == "device-bound", (slow_ratio, slow.profile.input_bound_percent)
     (ranked,) = _listed(fast, "no-prefetch")
-    assert ranked["kind"] == "speed" and "ParallelMap" in ranked["stage"]
+    assert ranked.kind == "speed" and "ParallelMap" in ranked.stage
     (note,) = _listed(slow, "no-prefetch")
-    assert note in slow["latent"] and note["kind"] == "latent" and "ParallelMap" in note["stage"]
-    assert "Not ranked" in note["caveat"] and "runs ahead by its own parallel calls" in note["if_faster"]
-    text = diagnose.render({"runs": {"slow": slow}})
+    assert note in slow.latent and note.kind == "latent" and "ParallelMap" in note.stage
+    assert "Not ranked" in note.caveat and "runs ahead by its own parallel calls" in note.if_faster
+    text = diagnose.render(Diagnosis("", {"slow": slow}))
     assert "they would cost where the step is faster" in text and "[no-prefetch, latent]" in text
-    assert "cores it shared with the model" in note["if_faster"]  # a CPU-only profile cannot time the pipeline alone
-    wait = from_json(
-        slow["profile"]["input_pipeline"]
-    )  # on a device of its own the pipeline's time per batch is its own
+    assert "cores it shared with the model" in note.if_faster  # a CPU-only profile cannot time the pipeline alone
+    wait = slow.profile.wait  # on a device of its own the pipeline's time per batch is its own
     (on_device,) = latent_fixes(wait, cpu_only=False, listed=[])
     needs, _ = production(wait)
     rest = working_step(wait) - wait.input_ms
@@ -271,13 +267,13 @@ def test_a_process_descheduled_mid_step_is_a_stall_not_per_step_overhead(tmp_pat
     assert paused.stopped == 2
     item = _only_run(tmp_path / "run")
     _check_first_cause(item, case)
-    wait = item["profile"]["input_pipeline"]
-    stopped_per_step = 2 * 150.0 / wait["steps"]
-    assert wait["stall_ms"] >= 0.8 * stopped_per_step, wait["stall"]
-    assert wait["stall"]["stretched_steps"] >= 2
-    small = next((r for r in item["recommendations"] if r["cause"] == "small-batch"), None)
-    assert small is None or small["removes_ms"] < 0.25 * stopped_per_step, small
-    text = diagnose.render({"runs": {".": item}})
+    wait = item.profile.wait
+    stopped_per_step = 2 * 150.0 / wait.steps
+    assert wait.stall_ms >= 0.8 * stopped_per_step, wait.stall
+    assert wait.stall["stretched_steps"] >= 2
+    small = next((r for r in item.recommendations if r.cause == "small-batch"), None)
+    assert small is None or small.removes_ms < 0.25 * stopped_per_step, small
+    text = diagnose.render(Diagnosis("", {".": item}))
     assert "no recorded work" in text and "descheduled" in text
 
 
@@ -287,13 +283,13 @@ EXPECTED = corpus_expectations.load()
 @pytest.mark.stack
 def test_a_verdict_near_its_threshold_may_read_either_side_of_it_and_one_far_from_it_may_not(profiled):
     item = _only_run(profiled("numpy_function_map_fixed"))
-    profile = item["profile"]
+    profile = item.profile
 
     def reading(input_share: float, host: float) -> dict:
-        wait = {**profile["input_pipeline"], "stall_ms": 0.0, "compile_ms": 0.0}
-        wait["overhead_ms"] = host * profile["step_time_ms"]  # of a step without stall, `host` goes to overhead
-        changed = {**profile, "input_bound_percent": input_share, "input_pipeline": wait}
-        return {**item, "profile": changed, "verdict": verdict.verdict(changed)}
+        # of a step without stall, `host` goes to overhead
+        wait = dataclasses.replace(profile.wait, stall_ms=0.0, compile_ms=0.0, overhead_ms=host * profile.step_time_ms)
+        changed = dataclasses.replace(profile, input_bound_percent=input_share, wait=wait)
+        return dataclasses.replace(item, profile=changed, verdict=verdict.verdict(changed))
 
     assert corpus_expectations.verdicts_near(reading(21.0, 0.2)) == {"input-bound", "device-bound"}
     assert corpus_expectations.verdicts_near(reading(40.0, 0.2)) == {"input-bound"}
@@ -312,13 +308,13 @@ def test_the_diagnosis_matches_the_recorded_expectation(profiled, key):
     assert key in EXPECTED, f"no record for {key}: python -m tests.corpus_expectations ROOT --rounds 3"
     item = _only_run(profiled(*corpus_expectations.split(key)))
     found = corpus_expectations.mismatches(EXPECTED[key], item)
-    ranked = [(r["cause"], r["estimated_gain"]) for r in item["recommendations"]]
+    ranked = [(r.cause, r.estimated_gain) for r in item.recommendations]
     assert not found, (key, found, ranked, "recorded on", corpus_expectations.recorded_on())
 
 
 def _per_example_ms(item):
-    wait = item["profile"]["input_pipeline"]
-    return wait["step_ms"] / wait["batch_size"]
+    wait = item.profile.wait
+    return wait.step_ms / wait.batch_size
 
 
 @pytest.mark.slow
@@ -334,7 +330,7 @@ def test_fixes_that_remove_work_make_each_example_faster(profiled, case):
 
 
 def _xla(item):
-    return item["profile"]["input_pipeline"]["xla"]
+    return item.profile.wait.xla
 
 
 def _unrecorded(item) -> bool:
@@ -347,18 +343,18 @@ def _check_unrecorded(item, churns: bool) -> None:
     outside input wait (compute, compiling and overhead together), and the shapes that churn, where they do."""
     xla = _xla(item)
     assert xla["used"] and xla["executables"] >= 1 and xla["compiles"] == 0, xla
-    causes = {r["cause"] for r in item["recommendations"]}
-    assert not causes & {"recompilation", "small-batch", "per-step-overhead"}, item["recommendations"]
-    (note,) = [n for n in item["notes"] if n.startswith(xla_figures.UNRECORDED)]
+    causes = {r.cause for r in item.recommendations}
+    assert not causes & {"recompilation", "small-batch", "per-step-overhead"}, item.recommendations
+    (note,) = [n for n in item.notes if n.startswith(xla_figures.UNRECORDED)]
     assert "no gain is estimated" in note and f"{xla['executables']} executables of the step" in note
     assert ("compiles the step again" in note) == churns, note
 
 
 def _xla_runs_ms(item) -> float:
     """The mean time per analysed step in which XLA ran the compiled step, straight from the trace's events."""
-    wait = item["profile"]["input_pipeline"]
-    names = {row["step"] for row in wait["per_step"]}
-    trace = hosttrace.load(next(Path(item["profile"]["session"]).glob("*.xplane.pb")))
+    wait = item.profile.wait
+    names = {row["step"] for row in wait.per_step}
+    trace = hosttrace.load(next(Path(item.profile.session).glob("*.xplane.pb")))
     try:
         windows = [(e.ts, e.end) for e in trace.events if e.name in names]
         runs = [e for e in trace.xla_runs if any(lo <= e.ts < hi for lo, hi in windows)]
@@ -372,24 +368,24 @@ def test_a_step_compiled_again_for_every_new_shape_ranks_recompilation_first(pro
     """padded_batch to the longest sequence of each batch under XLA: nearly every step compiles. The compile is
     measured from XLA's own events (xprof reports none), named with its shapes, and is host time, not overhead."""
     item = _only_run(profiled("text_padded_xla"))
-    wait, xla = item["profile"]["input_pipeline"], _xla(item)
-    assert item["verdict"] == "host-bound", item["verdict"]
+    wait, xla = item.profile.wait, _xla(item)
+    assert item.verdict == "host-bound", item.verdict
     if _unrecorded(item):
         return _check_unrecorded(item, churns=True)
-    assert xla["used"] and xla["churn"] and xla["compile_steps"] >= wait["steps"] / 2, xla
+    assert xla["used"] and xla["churn"] and xla["compile_steps"] >= wait.steps / 2, xla
     assert xla["compiles"] >= xla["compile_steps"] and xla["shapes"] >= xla["compiles"] and xla["programs"] >= 2
-    assert wait["compile_ms"] >= 0.5 * working_step(from_json(wait)) and wait["overhead_ms"] < wait["compile_ms"] / 5
-    assert wait["compute_ms"] > 0 and xla["runs_per_step"] >= 0.9  # the executable's run is the model's compute
-    assert item["profile"]["compile_ms"] == wait["compile_ms"]  # the trace's, where xprof's is 0
-    first = item["recommendations"][0]
-    assert first["cause"] == "recompilation" and first["removes_ms"] == pytest.approx(wait["compile_ms"], abs=0.01)
+    assert wait.compile_ms >= 0.5 * working_step(wait) and wait.overhead_ms < wait.compile_ms / 5
+    assert wait.compute_ms > 0 and xla["runs_per_step"] >= 0.9  # the executable's run is the model's compute
+    assert item.profile.breakdown.compile_ms == wait.compile_ms  # the trace's, where xprof's is 0
+    first = item.recommendations[0]
+    assert first.cause == "recompilation" and first.removes_ms == pytest.approx(wait.compile_ms, abs=0.01)
     shapes = xla["shapes"]
-    said = f"{xla['compiles']} compiles of {shapes} distinct shapes in {wait['steps']} steps"
-    assert said in first["evidence"] and "ms each" in first["evidence"] and "s32[32," in first["evidence"]
+    said = f"{xla['compiles']} compiles of {shapes} distinct shapes in {wait.steps} steps"
+    assert said in first.evidence and "ms each" in first.evidence and "s32[32," in first.evidence
     for fix in ("bucket_by_sequence_length", "pad_to_bucket_boundary=True", "padded_batch", "drop_remainder=True"):
-        assert fix in first["fix"], fix
-    assert not any(r["cause"] == "small-batch" and r["estimated_gain"] > 1.5 for r in item["recommendations"])
-    text = diagnose.render({"runs": {".": item}})
+        assert fix in first.fix, fix
+    assert not any(r.cause == "small-batch" and r.estimated_gain > 1.5 for r in item.recommendations)
+    text = diagnose.render(Diagnosis("", {".": item}))
     assert "+ compile" in text and "XLA: " in text and "[recompilation" in text
 
 
@@ -398,22 +394,22 @@ def test_a_fixed_shape_xla_pipeline_reads_as_its_steady_state(profiled):
     """Bucketed to four shapes under XLA: the executable's runs are the model's compute, the few compiles are
     warm-up (left out of the figures where they fall in the window), and no compile is ranked as a cause."""
     item = _only_run(profiled("text_bucketed_xla"))
-    wait, xla = item["profile"]["input_pipeline"], _xla(item)
+    wait, xla = item.profile.wait, _xla(item)
     if _unrecorded(item):
         return _check_unrecorded(item, churns=False)
-    assert xla["used"] and not xla["churn"] and xla["compiles"] == 0 and wait["compile_ms"] == 0.0, xla
+    assert xla["used"] and not xla["churn"] and xla["compiles"] == 0 and wait.compile_ms == 0.0, xla
     assert xla["programs"] <= 5 and xla["shapes"] <= 5 and xla["runs_per_step"] >= 0.9
     # The executable's runs are the model's compute, but for the time the process was descheduled in them (a stall).
-    assert wait["compute_ms"] + (wait.get("stall_ms") or 0.0) >= 0.9 * _xla_runs_ms(item) > 0
+    assert wait.compute_ms + (wait.stall_ms or 0.0) >= 0.9 * _xla_runs_ms(item) > 0
     assert len(xla["ran_shapes"]) == xla["programs"] and all(s.startswith("s32[32,") for s in xla["ran_shapes"])
-    assert "recompilation" not in {r["cause"] for r in item["recommendations"]}
-    notes = " ".join(item["notes"])
+    assert "recompilation" not in {r.cause for r in item.recommendations}
+    notes = " ".join(item.notes)
     if xla["warm_up"]:
-        assert wait["steps"] + xla["warm_up"]["steps"] <= user_pipelines.STEPS + 1 and "XLA warm-up" in notes
+        assert wait.steps + xla["warm_up"]["steps"] <= user_pipelines.STEPS + 1 and "XLA warm-up" in notes
     else:
         assert "none compiled in the window" in notes
-    small = next((r for r in item["recommendations"] if r["cause"] == "small-batch"), None)
-    assert small is None or small["removes_ms"] <= wait["overhead_ms"] + 1e-6
+    small = next((r for r in item.recommendations if r.cause == "small-batch"), None)
+    assert small is None or small.removes_ms <= wait.overhead_ms + 1e-6
 
 
 @pytest.mark.stack
@@ -422,11 +418,11 @@ def test_the_text_pipelines_without_xla_say_nothing_of_compiling(profiled):
     are a note of what XLA would cost, not a cause."""
     for case in ("text_bucketed", "text_padded"):
         item = _only_run(profiled(case))
-        wait = item["profile"]["input_pipeline"]
-        assert not _xla(item)["used"] and wait["compile_ms"] == 0.0 and item["profile"]["compile_ms"] == 0.0
-        assert "recompilation" not in {r["cause"] for r in item["recommendations"]}
-        shapes_note = [n for n in item["notes"] if "distinct batch shapes" in n]
-        assert bool(shapes_note) == (case == "text_padded"), item["notes"]
+        wait = item.profile.wait
+        assert not _xla(item)["used"] and wait.compile_ms == 0.0 and item.profile.breakdown.compile_ms == 0.0
+        assert "recompilation" not in {r.cause for r in item.recommendations}
+        shapes_note = [n for n in item.notes if "distinct batch shapes" in n]
+        assert bool(shapes_note) == (case == "text_padded"), item.notes
 
 
 @pytest.mark.slow
@@ -438,12 +434,9 @@ def test_the_overhead_of_an_xla_step_is_what_a_larger_batch_does_not_grow(profil
     as compile, the whole step was overhead (small-batch 7x)."""
     small = _only_run(profiled("text_bucketed_xla"))
     large = _only_run(profiled("text_bucketed_xla_large_batch"))
-    model_side = [
-        working_step(w) - w.input_ms
-        for w in (from_json(small["profile"]["input_pipeline"]), from_json(large["profile"]["input_pipeline"]))
-    ]
+    model_side = [working_step(w) - w.input_ms for w in (small.profile.wait, large.profile.wait)]
     fixed = (8 * model_side[0] - model_side[1]) / 7
-    overhead = small["profile"]["input_pipeline"]["overhead_ms"]
+    overhead = small.profile.wait.overhead_ms
     assert overhead <= 1.25 * fixed + 0.25, (overhead, fixed, model_side)
 
 
@@ -453,13 +446,13 @@ def test_python_tokenization_is_named_from_the_token_ids_it_makes(profiled):
     tokenization from the integer sequences its elements are, with tokenize-once as the fix; a generator of images
     keeps the generic cause (test_first_recommendation_names_the_planted_cause)."""
     item = _only_run(profiled("text_python_tokenization"))
-    first = item["recommendations"][0]
-    assert first["cause"] == "python-tokenization" and first["stage"].endswith("Generator"), item["recommendations"]
-    assert "[512] int64: token ids" in first["evidence"] and "from_generator" in first["evidence"]
+    first = item.recommendations[0]
+    assert first.cause == "python-tokenization" and first.stage.endswith("Generator"), item.recommendations
+    assert "[512] int64: token ids" in first.evidence and "from_generator" in first.evidence
     for fix in ("TextVectorization", "adapt", "TFRecord", "bucket_by_sequence_length", "num_parallel_calls"):
-        assert fix in first["fix"], fix
-    assert "python-generator" not in {r["cause"] for r in item["recommendations"]}
-    assert "[python-tokenization" in diagnose.render({"runs": {".": item}})
+        assert fix in first.fix, fix
+    assert "python-generator" not in {r.cause for r in item.recommendations}
+    assert "[python-tokenization" in diagnose.render(Diagnosis("", {".": item}))
 
 
 @pytest.mark.stack
@@ -469,9 +462,9 @@ def test_margins_are_the_recorded_first_causes_lead_over_the_next_speed_cause(pr
     logdir = profiled("text_python_tokenization")
     (tmp_path / "round_1").mkdir()
     (tmp_path / "round_1" / "text_python_tokenization").symlink_to(logdir)
-    speed = [r for r in _only_run(logdir)["recommendations"] if r["kind"] == "speed"]
-    lead = max(r["score"] for r in speed if r["cause"] == "python-tokenization")
-    others = [r["score"] for r in speed if r["cause"] != "python-tokenization"]
+    speed = [r for r in _only_run(logdir).recommendations if r.kind == "speed"]
+    lead = max(r.score for r in speed if r.cause == "python-tokenization")
+    others = [r.score for r in speed if r.cause != "python-tokenization"]
     expected = round(lead / max(others), 2) if others else None
     assert corpus_expectations.margins(tmp_path) == {"text_python_tokenization": [expected]}
 
@@ -482,18 +475,18 @@ def test_python_tokenization_in_a_map_is_named_and_its_padding_listed_after_it(p
     Python tokenization first (not python-in-map, nor the map's missing num_parallel_calls as a structural fix:
     its fix replaces the map), and in this input-bound run the padding is listed after the ranked causes."""
     item = _only_run(profiled("text_numpy_function_tokenization"))
-    causes = [r["cause"] for r in item["recommendations"]]
-    first = item["recommendations"][0]
-    assert first["cause"] == "python-tokenization" and first["stage"].endswith("::Map"), causes
-    assert "[?] int64: token ids" in first["evidence"] and "tf.numpy_function" in first["evidence"]
+    causes = [r.cause for r in item.recommendations]
+    first = item.recommendations[0]
+    assert first.cause == "python-tokenization" and first.stage.endswith("::Map"), causes
+    assert "[?] int64: token ids" in first.evidence and "tf.numpy_function" in first.evidence
     assert not {"python-in-map", "sequential-map"} & set(causes), causes
-    if item["verdict"] == "input-bound":
-        (note,) = [r for r in item["recommendations"] if r["cause"] == "unbucketed-padding"]
-        assert note["kind"] == "speed" and causes[-1] == "unbucketed-padding" and "[64,?] int64" in note["evidence"]
+    if item.verdict == "input-bound":
+        (note,) = [r for r in item.recommendations if r.cause == "unbucketed-padding"]
+        assert note.kind == "speed" and causes[-1] == "unbucketed-padding" and "[64,?] int64" in note.evidence
 
 
 def _padding(item) -> list[dict]:
-    return [r for r in item["recommendations"] + item["latent"] if r["cause"] == "unbucketed-padding"]
+    return [r for r in item.recommendations + item.latent if r.cause == "unbucketed-padding"]
 
 
 @pytest.mark.stack
@@ -504,15 +497,15 @@ def test_a_padded_batch_without_bucketing_is_listed_as_a_structural_fix(profiled
     for case in ("text_padded", "text_padded_xla"):
         item = _only_run(profiled(case))
         (note,) = _padding(item)
-        assert note["stage"].endswith("PaddedBatchV2") and "[32,?] int32" in note["evidence"], note
-        assert "to the longest sequence of each batch" in note["evidence"]
-        assert "padding share unknown" in note["evidence"] and note["removes_ms"] == 0.0
-        assert "bucket_by_sequence_length" in note["fix"] and "pad_to_bucket_boundary=True" in note["fix"]
-        if item["verdict"] != "input-bound":
-            assert note in item["latent"] and note["kind"] == "latent" and "Not ranked" in note["caveat"]
-        text = diagnose.render({"runs": {".": item}})
+        assert note.stage.endswith("PaddedBatchV2") and "[32,?] int32" in note.evidence, note
+        assert "to the longest sequence of each batch" in note.evidence
+        assert "padding share unknown" in note.evidence and note.removes_ms == 0.0
+        assert "bucket_by_sequence_length" in note.fix and "pad_to_bucket_boundary=True" in note.fix
+        if item.verdict != "input-bound":
+            assert note in item.latent and note.kind == "latent" and "Not ranked" in note.caveat
+        text = diagnose.render(Diagnosis("", {".": item}))
         assert "[unbucketed-padding" in text and "padding share unknown" in text
-    assert "compiles the step again" in _padding(_only_run(profiled("text_padded_xla")))[0]["evidence"]
+    assert "compiles the step again" in _padding(_only_run(profiled("text_padded_xla")))[0].evidence
     assert not _padding(_only_run(profiled("text_bucketed")))
 
 
@@ -525,6 +518,6 @@ def test_a_padding_share_the_run_recorded_prices_the_padding(profiled, tmp_path)
     (run / "summary.json").write_text(json.dumps({"text": {"padding_share": 0.66}}))
     item = _only_run(run)
     (note,) = _padding(item)
-    compute = item["profile"]["input_pipeline"]["compute_ms"]
-    assert note["removes_ms"] == pytest.approx(0.66 * compute, abs=0.01) and "padding share of 66%" in note["evidence"]
-    assert note in item["recommendations"] or "under 5%" in note["caveat"], note
+    compute = item.profile.wait.compute_ms
+    assert note.removes_ms == pytest.approx(0.66 * compute, abs=0.01) and "padding share of 66%" in note.evidence
+    assert note in item.recommendations or "under 5%" in note.caveat, note

@@ -30,11 +30,13 @@ from step_doctor.diagnose import (
     command,
     hosttrace,
     input_wait,
+    render,
     step_windows,
     xprof_converter,
     xspace,
 )
 from step_doctor.diagnose import report as diagnose
+from step_doctor.diagnose.diagnosis import Diagnosis, Run
 from step_doctor.scale import bench_diagnose, diagnose_scale, xspace_writer
 from tests.conftest import run_cli
 
@@ -359,7 +361,9 @@ def test_device_figures_equal_a_direct_count_of_the_device_plane(gpu_profile):
     assert device["kernels_per_step"] == pytest.approx(kernels / n, abs=0.05)
     assert device["h2d_ms"] == pytest.approx(h2d / n / 1e3, abs=1e-3)
     assert device["launch_ms"] > 0 and 0 < busy < sum(hi - lo for lo, hi in steps.windows)
-    assert not _numpy_values(diagnose.diagnose(gpu_profile.parents[3])), "figures must be plain Python numbers"
+    assert not _numpy_values(diagnose.diagnose(gpu_profile.parents[3]).to_json()), (
+        "figures must be plain Python numbers"
+    )
 
 
 def _numpy_values(value) -> list:
@@ -373,24 +377,24 @@ def _numpy_values(value) -> list:
 
 def test_the_size_is_said_and_a_skipped_xprof_breakdown_leaves_the_answer(profiles, monkeypatch):
     logdir = profiles["markers"].parents[3]
-    with_xprof = diagnose.diagnose(logdir)["runs"]["."]
-    assert with_xprof["profile"]["profile_mb"] > 0 and not with_xprof["profile"]["skipped"]
-    assert with_xprof["profile"]["large_profile"] is None
+    with_xprof = diagnose.diagnose(logdir).runs["."]
+    assert with_xprof.profile.profile_mb > 0 and not with_xprof.profile.skipped
+    assert with_xprof.profile.large_profile is None
     monkeypatch.setattr(analysis, "XPROF_MAX_MB", 0.0)
     monkeypatch.setattr(analysis, "LARGE_MB", 0.0)
-    without = diagnose.diagnose(logdir)["runs"]["."]
-    profile = without["profile"]
-    assert "xprof's own step breakdown" in profile["skipped"][0] and "MB" in profile["skipped"][0]
-    assert "host threads" in profile["large_profile"] and "num_steps=3" in profile["large_profile"]
-    assert profile["has_step_markers"] and profile["conclusion"] == ""
-    assert profile["input_bound_percent"] == with_xprof["profile"]["input_bound_percent"]
+    without = diagnose.diagnose(logdir).runs["."]
+    profile = without.profile
+    assert "xprof's own step breakdown" in profile.skipped[0] and "MB" in profile.skipped[0]
+    assert "host threads" in profile.large_profile and "num_steps=3" in profile.large_profile
+    assert profile.has_step_markers and profile.conclusion == ""
+    assert profile.input_bound_percent == with_xprof.profile.input_bound_percent
     # The input wait and the ranking come from the trace either way; only the host/device split of the rest is
     # xprof's where it runs, so a step at the border of the two may fall on either side of it.
-    if without["verdict"] == with_xprof["verdict"]:
-        first = [(r["cause"], r["estimated_gain"]) for r in without["recommendations"]][:1]
-        assert first == [(r["cause"], r["estimated_gain"]) for r in with_xprof["recommendations"]][:1]
+    if without.verdict == with_xprof.verdict:
+        first = [(r.cause, r.estimated_gain) for r in without.recommendations][:1]
+        assert first == [(r.cause, r.estimated_gain) for r in with_xprof.recommendations][:1]
     else:
-        assert {without["verdict"], with_xprof["verdict"]} == {"device-bound", "host-bound"}
+        assert {without.verdict, with_xprof.verdict} == {"device-bound", "host-bound"}
 
 
 def test_a_truncated_large_profile_is_named_without_reading_it(profiles, tmp_path, monkeypatch):
@@ -405,10 +409,10 @@ def test_a_truncated_large_profile_is_named_without_reading_it(profiles, tmp_pat
     read = []
     real_pread = os.pread
     monkeypatch.setattr(os, "pread", lambda fd, n, at: read.append(n) or real_pread(fd, n, at))
-    item = diagnose.diagnose(big.parents[3])["runs"]["."]
+    item = diagnose.diagnose(big.parents[3]).runs["."]
     monkeypatch.undo()
-    assert item["verdict"] == "unreadable" and str(big) in item["error"] and "\n" not in item["error"]
-    assert "truncated" in item["error"] and sum(read) < 0.05 * data_size, (sum(read), data_size)
+    assert item.verdict == "unreadable" and str(big) in item.error and "\n" not in item.error
+    assert "truncated" in item.error and sum(read) < 0.05 * data_size, (sum(read), data_size)
     cli = run_cli("diagnose", str(big.parents[3]), timeout=120)
     assert cli.returncode == command.UNMEASURED and str(big) in cli.stdout and "Traceback" not in cli.stderr
 
@@ -424,11 +428,11 @@ def test_bytes_damaged_anywhere_give_a_diagnosis_or_one_paragraph(profiles, tmp_
         path = tmp_path / f"case{case}" / "plugins" / "profile" / SESSION / "host.xplane.pb"
         path.parent.mkdir(parents=True)
         path.write_bytes(bytes(damaged))
-        item = diagnose.diagnose(path.parents[3])["runs"]["."]
-        if item["verdict"] == "unreadable":  # one paragraph that names the file
-            assert str(path) in item["error"] and "\n" not in item["error"], item["error"]
+        item = diagnose.diagnose(path.parents[3]).runs["."]
+        if item.verdict == "unreadable":  # one paragraph that names the file
+            assert str(path) in item.error and "\n" not in item.error, item.error
         else:  # else a whole diagnosis, whose text renders
-            assert item["verdict"] in VERDICTS and isinstance(item["recommendations"], list), item["verdict"]
+            assert item.verdict in VERDICTS and isinstance(item.recommendations, tuple), item.verdict
             assert "verdict" in diagnose_text(item).lower()
 
 
@@ -439,21 +443,21 @@ def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tm
     one that answers with an error). The crash is a child that kills itself on its first request: the damage
     that crashed the converter left no file to replay, and 2,000 other damaged copies did not crash it."""
     logdir = profiles["markers"].parents[3]
-    whole = diagnose.diagnose(logdir)["runs"]["."]
+    whole = diagnose.diagnose(logdir).runs["."]
     fake = tmp_path / "crashing.py"
     fake.write_text("import os, signal, sys\nsys.stdin.readline()\nos.kill(os.getpid(), signal.SIGSEGV)\n")
     monkeypatch.setattr(xprof_converter, "_CHILD", fake)
     monkeypatch.setattr(xprof_converter, "_CONVERTER", xprof_converter._Converter())
-    item = diagnose.diagnose(logdir)["runs"]["."]
-    note = item["profile"]["skipped"][0]
+    item = diagnose.diagnose(logdir).runs["."]
+    note = item.profile.skipped[0]
     assert "crashed (SIGSEGV)" in note and str(profiles["markers"]) in note and "trace itself" in note, note
-    assert item["profile"]["input_bound_percent"] == whole["profile"]["input_bound_percent"]
-    assert item["verdict"] in VERDICTS - {"unknown"} and "crashed (SIGSEGV)" in diagnose_text(item)
+    assert item.profile.input_bound_percent == whole.profile.input_bound_percent
+    assert item.verdict in VERDICTS - {"unknown"} and "crashed (SIGSEGV)" in diagnose_text(item)
     fake.write_text("import sys, time\nsys.stdin.readline()\ntime.sleep(600)\n")
     monkeypatch.setattr(xprof_converter, "TIMEOUT_S", 1.0)
-    hung = diagnose.diagnose(logdir)["runs"]["."]
-    assert "gave no answer in 1 s and was stopped" in hung["profile"]["skipped"][0], hung["profile"]["skipped"]
-    assert hung["verdict"] == item["verdict"]
+    hung = diagnose.diagnose(logdir).runs["."]
+    assert "gave no answer in 1 s and was stopped" in hung.profile.skipped[0], hung.profile.skipped
+    assert hung.verdict == item.verdict
     # Ctrl-C with a request in flight (the child interrupts its parent once it has the request): it goes too
     fake.write_text(
         "import os, signal, sys, time\nsys.stdin.readline()\nos.kill(os.getppid(), signal.SIGALRM)\ntime.sleep(600)\n"
@@ -467,9 +471,9 @@ def test_a_converter_crash_costs_xprofs_breakdown_not_the_diagnosis(profiles, tm
         "import json, sys\nfor line in sys.stdin:\n"
         "    print(json.dumps({'written': False, 'error': 'ValueError: the converter gave up'}), flush=True)\n"
     )
-    failed = diagnose.diagnose(logdir)["runs"]["."]
-    assert failed["verdict"] == "unreadable" and "the converter gave up" in failed["error"], failed["error"]
-    assert str(profiles["markers"]) in failed["error"] and "\n" not in failed["error"]
+    failed = diagnose.diagnose(logdir).runs["."]
+    assert failed.verdict == "unreadable" and "the converter gave up" in failed.error, failed.error
+    assert str(profiles["markers"]) in failed.error and "\n" not in failed.error
 
 
 def _interrupt(signum, frame):
@@ -502,9 +506,9 @@ model.fit(ds, steps_per_epoch=12, verbose=0, callbacks=[StepTraceProfiler(sys.ar
 
 def test_steps_per_execution_reads_one_iterator_several_times_per_call(profiles):
     """steps_per_execution 4: each call of the train function reads the same iterator four times."""
-    item = diagnose.diagnose(profiles["spe4"].parents[3])["runs"]["."]
-    wait = item["profile"]["input_pipeline"]
-    assert (wait["steps_per_window"], wait["replicas"]) == (4, 1)
+    item = diagnose.diagnose(profiles["spe4"].parents[3]).runs["."]
+    wait = item.profile.wait
+    assert (wait.steps_per_window, wait.replicas) == (4, 1)
     assert "each 4 training steps (steps_per_execution)" in diagnose_text(item)
 
 
@@ -513,18 +517,16 @@ def test_replicas_of_a_distribution_strategy_are_no_steps_per_execution(tmp_path
     """MirroredStrategy over two (logical) devices: each step reads one batch per replica, from an iterator of its
     own, so two reads in a step are two replicas, not two steps of steps_per_execution."""
     subprocess.run([sys.executable, "-c", _MIRRORED, str(tmp_path / "mirrored")], check=True, timeout=300)
-    item = diagnose.diagnose(tmp_path / "mirrored")["runs"]["."]
-    wait = item["profile"]["input_pipeline"]
-    assert wait["getnext_per_step"] == pytest.approx(2, abs=0.1)
-    assert (wait["steps_per_window"], wait["replicas"]) == (1, 2)
+    item = diagnose.diagnose(tmp_path / "mirrored").runs["."]
+    wait = item.profile.wait
+    assert wait.getnext_per_step == pytest.approx(2, abs=0.1)
+    assert (wait.steps_per_window, wait.replicas) == (1, 2)
     text = diagnose_text(item)
     assert "2 replicas" in text and "training steps (steps_per_execution)" not in text
 
 
-def diagnose_text(item: dict) -> str:
-    from step_doctor.diagnose import render
-
-    return render({"runs": {".": item}})
+def diagnose_text(item: Run) -> str:
+    return render(Diagnosis("", {".": item}))
 
 
 def test_analyze_run_reads_the_newest_sub_run_not_the_first_by_name(profiles, tmp_path):
@@ -548,7 +550,7 @@ def test_analyze_run_reads_the_newest_sub_run_not_the_first_by_name(profiles, tm
 def test_gpu_shaped_profiles_of_hundreds_of_mb_are_read_in_memory_that_grows_sub_linearly(tmp_path):
     """Five times the device planes, less than twice the memory (xprof's conversion needs about 20x the size)."""
     base = diagnose_scale.capture(120, tmp_path / "capture")
-    small = diagnose.diagnose(base.parents[3])["runs"]["."]
+    small = diagnose.diagnose(base.parents[3]).runs["."]
     peak = {}
     for mb in (60, 300):
         logdir = tmp_path / f"gpu{mb}"
@@ -558,13 +560,13 @@ def test_gpu_shaped_profiles_of_hundreds_of_mb_are_read_in_memory_that_grows_sub
         assert sample["status"] == 0, sample
         peak[mb] = sample["peak_rss_mb"]
     assert peak[300] < 2 * peak[60] and peak[300] < 300, peak
-    large = diagnose.diagnose(tmp_path / "gpu300")["runs"]["."]
-    assert large["profile"]["skipped"] and large["profile"]["large_profile"]
+    large = diagnose.diagnose(tmp_path / "gpu300").runs["."]
+    assert large.profile.skipped and large.profile.large_profile
     # the host's figures are the small capture's; the device planes' kernels are recorded work, so they can only
     # fill a gap in it, never open one or add input wait. (The stall as a whole may move: a gap a kernel filled is
     # compute, and a step whose compute grew far above the others' counts as stretched.)
-    grown, base_wait = large["profile"]["input_pipeline"], small["profile"]["input_pipeline"]
-    assert grown["input_ms"] == base_wait["input_ms"] and grown["step_ms"] == base_wait["step_ms"]
-    assert grown["stall"]["gaps_ms"] <= base_wait["stall"]["gaps_ms"]
-    assert large["profile"]["input_pipeline"]["device"]["kernels_per_step"] >= made["kernels_per_step_per_device"]
-    assert 0 < large["profile"]["device_busy_percent"] < 100
+    grown, base_wait = large.profile.wait, small.profile.wait
+    assert grown.input_ms == base_wait.input_ms and grown.step_ms == base_wait.step_ms
+    assert grown.stall["gaps_ms"] <= base_wait.stall["gaps_ms"]
+    assert large.profile.wait.device["kernels_per_step"] >= made["kernels_per_step_per_device"]
+    assert 0 < large.profile.device_busy_percent < 100

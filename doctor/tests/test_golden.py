@@ -72,11 +72,10 @@ def diagnosed(variant: str, root: Path) -> dict[str, str]:
         document = diagnose(_logdir(variant, root))
     finally:
         setattr(analysis, name, kept)
-    written = document
     markdown = "\n".join(
-        f"## {run}\n{text_summary.diagnosis_markdown(run, item)}" for run, item in written["runs"].items()
+        f"## {run}\n{text_summary.diagnosis_markdown(run, item)}" for run, item in document.runs.items()
     )
-    found = {"json": json.dumps(written, indent=2), "txt": render(document), "md": markdown}
+    found = {"json": json.dumps(document.to_json(), indent=2), "txt": render(document), "md": markdown}
     return {suffix: _masked(text, root) + "\n" for suffix, text in found.items()}
 
 

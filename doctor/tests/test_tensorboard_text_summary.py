@@ -14,6 +14,7 @@ import pytest
 from tensorboard.compat.proto import event_pb2
 
 from step_doctor import diagnose as analyser
+from step_doctor.diagnose.diagnosis import Diagnosis, UnreadableRun
 from step_doctor.tensorboard import text_summary
 from step_doctor.tensorboard.utilization import _records
 from tests import tab_logs
@@ -69,7 +70,7 @@ def test_compare_without_profiles_still_writes_the_table(tmp_path):
 def test_a_folder_that_cannot_be_written_costs_a_warning_not_the_command(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    document = {"runs": {"run": {"verdict": "unreadable", "error": "damaged", "recommendations": [], "latent": []}}}
+    document = Diagnosis(str(blocker), {"run": UnreadableRun("damaged")})
     assert text_summary.write_diagnosis(blocker, document) == []
     assert "warning: could not write the verdict for TensorBoard's Text tab" in capsys.readouterr().err
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xla, xprof_converter, xspace
 from step_doctor.diagnose.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
+from step_doctor.diagnose.profile_record import Profile, SlowStage, StepBreakdown
 from step_doctor.diagnose.wait_record import InputWait, Unmeasured, Wait
 
 STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
@@ -98,9 +99,8 @@ def _hardware(space) -> str:
     return "CPU_ONLY" if not names else "unknown"
 
 
-def analyze_session(session: Path) -> dict:
-    """The step breakdown, input share and blocking tf.data stages of one profile session (JSON-ready: its
-    input_pipeline is the input wait's record as JSON, wait_record.py)."""
+def analyze_session(session: Path) -> Profile:
+    """The step breakdown, input share and blocking tf.data stages of one profile session."""
     started = time.perf_counter()
     xplanes = sorted(str(p) for p in Path(session).glob("*.xplane.pb"))
     if not xplanes:
@@ -134,23 +134,25 @@ def analyze_session(session: Path) -> dict:
             xprof, skipped = _xprof_breakdown(xplanes, session), []
         except xprof_converter.ConverterCrashed as crash:
             skipped = [f"{_XPROF_BREAKDOWN}: {crash}. {_CRASHED_XPROF}"]
-    profile = _figures(xprof, wait, steps, planes_say)
-    profile.update(
+    profile_mb, seconds = round(size_mb, 2), round(time.perf_counter() - started, 1)
+    return _profile(
+        xprof,
+        wait,
+        steps,
+        planes_say,
         session=str(session),
-        hosts=[Path(p).name.removesuffix(".xplane.pb") for p in xplanes],
+        hosts=tuple(Path(p).name.removesuffix(".xplane.pb") for p in xplanes),
         steps_inferred=bool(steps and steps.inferred),
         step_source=steps.source if steps else None,
         slow_stages=_slow_stages(wait),
-        input_pipeline=wait.to_json(),
-        profile_mb=round(size_mb, 2),
-        analysis_seconds=round(time.perf_counter() - started, 1),
-        skipped=skipped,
+        profile_mb=profile_mb,
+        analysis_seconds=seconds,
+        skipped=tuple(skipped),
         stall_ms=wait.stall_ms if isinstance(wait, InputWait) and wait.measured else None,
-        profiler_errors=said["errors"],
-        profiler_warnings=said["warnings"],
+        profiler_errors=tuple(said["errors"]),
+        profiler_warnings=tuple(said["warnings"]),
+        large_profile=_large_note(profile_mb, seconds) if size_mb >= LARGE_MB else None,
     )
-    profile["large_profile"] = _large_note(profile) if size_mb >= LARGE_MB else None
-    return profile
 
 
 _XPROF_BREAKDOWN = (
@@ -164,11 +166,11 @@ _TOO_LARGE_FOR_XPROF = (
 _CRASHED_XPROF = "The figures here come from the trace itself; if they look wrong too, capture the profile again."
 
 
-def _large_note(profile: dict) -> str:
+def _large_note(profile_mb: float, seconds: float) -> str:
     return (
-        f"This profile is {profile['profile_mb']:,.0f} MB. diagnose read only the host threads it needs (steps, input "
+        f"This profile is {profile_mb:,.0f} MB. diagnose read only the host threads it needs (steps, input "
         "waits, tf.data) and reduced the device planes to per-step totals as it streamed them, in "
-        f"{profile['analysis_seconds']:.0f} s. TensorBoard's Profile tab loads the whole profile (20-30 GB of memory "
+        f"{seconds:.0f} s. TensorBoard's Profile tab loads the whole profile (20-30 GB of memory "
         "per GB): to open one there, capture a smaller window, e.g. 3 steps: "
         "StepTraceProfiler(logdir, start_step=10, num_steps=3), or keras.callbacks.TensorBoard(profile_batch=(10, 12))."
     )
@@ -190,8 +192,9 @@ def _xprof_breakdown(xplanes: list[str], session: Path) -> dict:
     }
 
 
-def _figures(xprof: dict | None, wait: Wait, steps, planes_say: str) -> dict:
-    """The step breakdown: xprof's where it ran and saw marked steps, else the trace's own."""
+def _profile(xprof: dict | None, wait: Wait, steps, planes_say: str, **about) -> Profile:
+    """The profile with its step breakdown: xprof's where it ran and saw marked steps, else the trace's own. `about`:
+    the rest of the profile's fields."""
     hardware = xprof["hardware"] if xprof else planes_say
     has_device = hardware not in ("CPU_ONLY", "unknown", "")
     if xprof:
@@ -229,50 +232,52 @@ def _figures(xprof: dict | None, wait: Wait, steps, planes_say: str) -> dict:
     else:
         input_share = 100 * figures["input_ms"] / step_ms if has_markers and step_ms else None
     xprof_step = xprof["figures"]["step_time_ms"] if xprof else 0.0
-    return {
-        "hardware_type": hardware,
-        "has_step_markers": has_markers,
-        "steps": len(xprof["steps"]) if xprof and has_markers and not compiled else _steps(wait),
-        **figures,
-        "input_bound_percent": input_share,
-        "xprof_input_percent": 100 * xprof["figures"]["input_ms"] / xprof_step if xprof and has_markers else None,
-        "device_busy_percent": 100 * figures["device_compute_ms"] / step_ms if step_ms and has_device else None,
-        "conclusion": xprof["conclusion"] if xprof and not compiled else "",  # else of figures not shown
-        "diagnostics": xprof["diagnostics"] if xprof else [],
-    }
+    return Profile(
+        hardware_type=hardware,
+        has_step_markers=has_markers,
+        steps=len(xprof["steps"]) if xprof and has_markers and not compiled else _steps(wait),
+        breakdown=StepBreakdown(**figures),
+        input_bound_percent=input_share,
+        xprof_input_percent=100 * xprof["figures"]["input_ms"] / xprof_step if xprof and has_markers else None,
+        device_busy_percent=100 * figures["device_compute_ms"] / step_ms if step_ms and has_device else None,
+        conclusion=xprof["conclusion"] if xprof and not compiled else "",  # else of figures not shown
+        diagnostics=tuple(xprof["diagnostics"]) if xprof else (),
+        wait=wait,
+        **about,
+    )
 
 
 def _steps(wait: Wait) -> int:
     return (wait.steps or 0) if isinstance(wait, InputWait) else 0
 
 
-def _slow_stages(wait: Wait, top: int = 5) -> list[dict]:
+def _slow_stages(wait: Wait, top: int = 5) -> tuple[SlowStage, ...]:
     """tf.data stages ranked by the input wait they caused (pass-through stages such as Prefetch never count)."""
     if not isinstance(wait, InputWait):
-        return []
+        return ()
     input_ms = wait.input_ms or 0.0
     stages = [
-        {
-            "name": s["path"],
-            "stage": s["kind"],
-            "self_time_ms": round(s["blocking_ms"] + s["fill_ms"], 3),
-            "self_time_percent": round(100 * (s["blocking_ms"] + s["fill_ms"]) / input_ms, 1) if input_ms else 0.0,
-            "step_percent": round(100 * (s["blocking_ms"] + s["fill_ms"]) / wait.step_ms, 1),
-            "count": int(round(s["calls_per_step"] * _steps(wait))),
-        }
+        SlowStage(
+            name=s["path"],
+            stage=s["kind"],
+            self_time_ms=round(s["blocking_ms"] + s["fill_ms"], 3),
+            self_time_percent=round(100 * (s["blocking_ms"] + s["fill_ms"]) / input_ms, 1) if input_ms else 0.0,
+            step_percent=round(100 * (s["blocking_ms"] + s["fill_ms"]) / wait.step_ms, 1),
+            count=int(round(s["calls_per_step"] * _steps(wait))),
+        )
         for s in wait.stages
         if not s["pass_through"] and s["blocking_ms"] + s["fill_ms"] > 0
     ]
-    stages.sort(key=lambda s: s["self_time_ms"], reverse=True)
-    return stages[:top]
+    stages.sort(key=lambda s: s.self_time_ms, reverse=True)
+    return tuple(stages[:top])
 
 
 def analyze_run(run_dir: Path) -> dict | None:
     """The analysis of the run's own newest profile, else the newest of its sub-runs' (the Keras callback
-    writes into run/train/); None when it has none."""
+    writes into run/train/), as the `profile` object of the `diagnose --json` document; None when it has none."""
     sessions = find_profile_sessions(run_dir)
     own = sessions.get(".")
     if own is None and sessions:
         # session folders are named by capture time (2026_12_03_18_05_29); the newest capture is the run's last word
         own = max(sessions.values(), key=lambda session: (session.name, session.stat().st_mtime))
-    return analyze_session(own) if own else None
+    return analyze_session(own).to_json() if own else None

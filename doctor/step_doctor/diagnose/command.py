@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
+from step_doctor.diagnose.diagnosis import Diagnosis, RunDiagnosis
 from step_doctor.diagnose.rendering import render
 from step_doctor.diagnose.report import diagnose
 from step_doctor.diagnose.verdict import fails_gate
@@ -25,25 +26,30 @@ def main(
     allow_unmeasured: bool = False,
 ) -> int:
     result = diagnose(logdir)
-    print(json.dumps(result, indent=2) if as_json else render(result))
+    print(json.dumps(result.to_json(), indent=2) if as_json else render(result))
+    return gate(result, fail_if_input_bound, allow_unmeasured)
+
+
+def gate(result: Diagnosis, fail_if_input_bound: float | None = None, allow_unmeasured: bool = False) -> int:
+    """The exit status of a diagnosis (see the module's docstring), with a line on stderr for each failure."""
     unmeasured = [
-        (run, "unreadable profile" if item["verdict"] == "unreadable" else (item["unmeasured"] or "no input share"))
-        for run, item in result["runs"].items()
-        if item["verdict"] == "unreadable" or item["profile"]["input_bound_percent"] is None
+        (run, (item.unmeasured or "no input share") if isinstance(item, RunDiagnosis) else "unreadable profile")
+        for run, item in result.runs.items()
+        if not isinstance(item, RunDiagnosis) or item.profile.input_bound_percent is None
     ]
     status = 0
     if fail_if_input_bound is not None:
         over = [
-            (run, item["profile"]["input_bound_percent"])
-            for run, item in result["runs"].items()
-            if item.get("profile") and fails_gate(item["profile"]["input_bound_percent"], fail_if_input_bound)
+            (run, item.profile.input_bound_percent)
+            for run, item in result.runs.items()
+            if isinstance(item, RunDiagnosis) and fails_gate(item.profile.input_bound_percent, fail_if_input_bound)
         ]
         if over:
             names = ", ".join(f"{run} ({share:.1f}%)" for run, share in over)
             print(f"FAIL: input-bound at or above {fail_if_input_bound}% of step time: {names}", file=sys.stderr)
             status = INPUT_BOUND
-    gate = fail_if_input_bound is not None
-    blocking = [(run, why) for run, why in unmeasured if gate or why == "unreadable profile"]
+    gated = fail_if_input_bound is not None
+    blocking = [(run, why) for run, why in unmeasured if gated or why == "unreadable profile"]
     if blocking and not allow_unmeasured:
         names = "; ".join(f"{run}: {why}" for run, why in blocking)
         print(

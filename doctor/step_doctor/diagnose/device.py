@@ -18,6 +18,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from step_doctor.diagnose.profile_record import Profile
+
 CUPTI_FIX = (
     "TensorFlow's GPU tracer (CUPTI) recorded nothing: drivers restrict GPU profiling to admins by default "
     "(NVreg_RestrictProfilingToAdminUsers=1, since 418.43), so a process that is not root with SYS_ADMIN is "
@@ -35,7 +37,7 @@ class DeviceView:
     busy_percent: float | None  # share of step time the device computes, where measured
     unmeasured: str | None  # why a device's share is not measured, and how to measure it
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
         return asdict(self)
 
 
@@ -61,18 +63,19 @@ CUPTI_MISSING = (
 )
 
 
-def _said(profile: dict) -> str:
+def _said(profile: Profile) -> str:
     """What the profiler reported while capturing (the profile's XSpace errors), quoted, or ""."""
-    errors = profile.get("profiler_errors") or []
+    errors = profile.profiler_errors
     if not errors:
         return ""
     return " The profiler itself reported: " + "; ".join(f'"{e.strip()}"' for e in errors[:3]) + "."
 
 
-def view(profile: dict, record: dict | None = None) -> DeviceView:
+def view(profile: Profile, record: dict | None = None) -> DeviceView:
+    """What the profile and the run's record (run_record) say about the device."""
     record = record or {}
-    has_device = profile["device_busy_percent"] is not None
-    errors = [e.lower() for e in profile.get("profiler_errors") or []]
+    has_device = profile.device_busy_percent is not None
+    errors = [e.lower() for e in profile.profiler_errors]
     refused = any(word in e for e in errors for word in REFUSED)
     not_loaded = any(NOT_LOADED in e for e in errors)
     if not has_device and (record.get("device_kind") == "gpu" or refused or not_loaded):
@@ -86,20 +89,20 @@ def view(profile: dict, record: dict | None = None) -> DeviceView:
         )
     if not has_device:
         return DeviceView(True, None, None)
-    if not profile["has_step_markers"]:
+    if not profile.has_step_markers:
         return DeviceView(
             False,
             None,
-            f"The device's share is not measured: this {profile['hardware_type']} profile has a device plane, but "
+            f"The device's share is not measured: this {profile.hardware_type} profile has a device plane, but "
             "xprof found no steps of its own in it (no step markers, or a device trace without events), so it "
             f"breaks no step down into device compute. Add step markers; if it has them, the device trace is empty: "
             f"{CUPTI_FIX}",
         )
-    if not profile["device_compute_ms"]:
+    if not profile.breakdown.device_compute_ms:
         return DeviceView(
             False,
             None,
-            f"No device trace: this {profile['hardware_type']} profile's device plane holds no compute in any "
+            f"No device trace: this {profile.hardware_type} profile's device plane holds no compute in any "
             f"step.{_said(profile)} {CUPTI_FIX}",
         )
-    return DeviceView(False, profile["device_busy_percent"], None)
+    return DeviceView(False, profile.device_busy_percent, None)

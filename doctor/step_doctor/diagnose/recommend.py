@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from step_doctor.diagnose import wait_record
 from step_doctor.diagnose.device import DeviceView, view
 from step_doctor.diagnose.input_causes import input_causes
+from step_doctor.diagnose.profile_record import Profile
 from step_doctor.diagnose.recommendation import Causes, Recommendation, rank
 from step_doctor.diagnose.stalls import working_step
 from step_doctor.diagnose.step_causes import device_causes, per_step_overhead, recompilation
@@ -14,7 +14,7 @@ from step_doctor.diagnose.wait_record import InputWait
 
 
 def recommendations(
-    profile: dict, config: dict | None = None, device: DeviceView | None = None, padding: float | None = None
+    profile: Profile, config: dict | None = None, device: DeviceView | None = None, padding: float | None = None
 ) -> list[Recommendation]:
     """The causes this profile shows, ranked: what changes what is learned first, then most step time removed;
     then, when the run is input-bound, the structural fixes its pipeline tree shows that none of those makes
@@ -26,33 +26,33 @@ def recommendations(
     ranks with what padding costs the model where it is known, and is listed as a structural fix where it is not.
     """
     device = device or view(profile)
-    if profile["input_bound_percent"] is None or not profile["step_time_ms"]:
+    if profile.input_bound_percent is None or not profile.step_time_ms:
         return []
-    wait = wait_record.of(profile)
+    wait = profile.wait
     pipeline = Causes(working_step(wait))  # figures of the host trace's steps, without their stall
     input_causes(wait, device.cpu_only, pipeline)
     if isinstance(wait, InputWait) and wait.measured:
         per_step_overhead(wait, pipeline)
         recompilation(wait, pipeline)
-    step = Causes(profile["step_time_ms"])  # figures of xprof's step breakdown
+    step = Causes(profile.step_time_ms)  # figures of xprof's step breakdown
     device_causes(profile, config or {}, device.busy_percent, step)
     padded = unbucketed_padding(wait, padding)
     ranked = rank(pipeline.found + step.found + (padded if padding is not None else []))
-    if profile["input_bound_percent"] >= INPUT_BOUND:
+    if profile.input_bound_percent >= INPUT_BOUND:
         ranked += structural_fixes(wait, device.cpu_only, ranked)
         ranked += [r for r in padded if r not in ranked]
     return ranked
 
 
 def latent(
-    profile: dict, ranked: list[Recommendation], device: DeviceView | None = None, padding: float | None = None
+    profile: Profile, ranked: list[Recommendation], device: DeviceView | None = None, padding: float | None = None
 ) -> list[Recommendation]:
     """A run that is not input-bound: the structural defects its pipeline tree shows that `ranked` does not fix, as
     notes of what they would cost where the step is faster (diagnose/structural.py); a padded_batch without
     bucketing that does not rank among them (its padding share unknown, or its cost under 5 %) too."""
-    wait = wait_record.of(profile)
-    share = profile["input_bound_percent"]
-    if share is None or share >= INPUT_BOUND or not profile["step_time_ms"] or not wait.measured:
+    wait = profile.wait
+    share = profile.input_bound_percent
+    if share is None or share >= INPUT_BOUND or not profile.step_time_ms or not wait.measured:
         return []
     cpu_only = (device or view(profile)).cpu_only
     padded = [

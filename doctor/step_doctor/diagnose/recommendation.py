@@ -46,12 +46,8 @@ class Recommendation:
     stage: str | None = None  # the tf.data stage it names ("Iterator::Root::MapAndBatch"), None for step causes
     if_faster: str | None = None  # LATENT: what it would cost where the step is faster
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> Recommendation:
-        return cls(**{f.name: values.get(f.name) for f in dataclasses.fields(cls)})
 
 
 class Causes:

@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
-from step_doctor.diagnose import wait_record, xla
+from step_doctor.diagnose import xla
+from step_doctor.diagnose.device import DeviceView
+from step_doctor.diagnose.diagnosis import Diagnosis, Run, RunDiagnosis
+from step_doctor.diagnose.profile_record import Profile
 from step_doctor.diagnose.recommendation import CORRECTNESS, Recommendation
 from step_doctor.diagnose.report import HOW_TO_CAPTURE
 from step_doctor.diagnose.stalls import left_out
 from step_doctor.diagnose.wait_record import InputWait, Wait
 
 
-def _summary(run: str, item: dict) -> str:
-    if item["verdict"] == "unreadable":
+def _summary(run: str, item: Run) -> str:
+    if not isinstance(item, RunDiagnosis):
         return f"{run}: UNREADABLE profile (see below)"
-    profile = item["profile"]
-    if profile["input_bound_percent"] is None:
-        return f"{run}: verdict unknown ({item['unmeasured'] or 'no input share'})"
-    how = "inferred steps" if item["steps_inferred"] else "step markers"
-    first = Recommendation.from_dict(item["recommendations"][0]) if item["recommendations"] else None
+    profile = item.profile
+    if profile.input_bound_percent is None:
+        return f"{run}: verdict unknown ({item.unmeasured or 'no input share'})"
+    how = "inferred steps" if item.steps_inferred else "step markers"
+    first = item.recommendations[0] if item.recommendations else None
     fix = f"; first: {first.cause} ({first.estimated_gain:.2f}x)" if first else "; nothing to fix"
-    share = profile["input_bound_percent"]
-    wait = wait_record.of(profile)
-    step = (wait.step_ms if isinstance(wait, InputWait) else None) or profile["step_time_ms"]
+    share = profile.input_bound_percent
+    wait = profile.wait
+    step = (wait.step_ms if isinstance(wait, InputWait) else None) or profile.step_time_ms
     stall = f" ({left_out(wait):.1f} ms of it stalled, left out)" if left_out(wait) > 0 else ""
-    return f"{run}: {item['verdict'].upper()}, {share:.1f}% of a {step:.1f} ms step{stall} waits for input ({how}){fix}"
+    return f"{run}: {item.verdict.upper()}, {share:.1f}% of a {step:.1f} ms step{stall} waits for input ({how}){fix}"
 
 
 def _tree(wait: InputWait) -> list[str]:
@@ -45,25 +48,26 @@ def _tree(wait: InputWait) -> list[str]:
     return lines
 
 
-def _figures(profile: dict, device: dict) -> list[str]:
-    stall = left_out(wait_record.of(profile))
+def _figures(profile: Profile, device: DeviceView) -> list[str]:
+    stall = left_out(profile.wait)
     without = f" (without the step's {stall:.1f} ms stall, below)" if stall > 0 else ""
-    busy = device["busy_percent"]
+    busy = device.busy_percent
     if busy is not None:
         busy_text = f"{busy:.1f}%"
     else:
-        busy_text = "n/a (CPU-only profile)" if device["cpu_only"] else "not measured (see the note below)"
-    compiled = f" + compile {profile['compile_ms']:.1f}" if profile.get("compile_ms") else ""
+        busy_text = "n/a (CPU-only profile)" if device.cpu_only else "not measured (see the note below)"
+    step = profile.breakdown
+    compiled = f" + compile {step.compile_ms:.1f}" if step.compile_ms else ""
     return [
-        f"  step {profile['step_time_ms']:.1f} ms = input {profile['input_ms']:.1f} + host compute "
-        f"{profile['host_compute_ms']:.1f} + device compute {profile['device_compute_ms']:.1f} + launch "
-        f"{profile['kernel_launch_ms']:.1f}{compiled} + other {profile['other_ms']:.1f} ms",
-        f"  waiting for input: {profile['input_bound_percent']:.1f}% of step time{without}; device busy: {busy_text}",
+        f"  step {step.step_time_ms:.1f} ms = input {step.input_ms:.1f} + host compute "
+        f"{step.host_compute_ms:.1f} + device compute {step.device_compute_ms:.1f} + launch "
+        f"{step.kernel_launch_ms:.1f}{compiled} + other {step.other_ms:.1f} ms",
+        f"  waiting for input: {profile.input_bound_percent:.1f}% of step time{without}; device busy: {busy_text}",
     ]
 
 
-def _source(profile: dict, wait: Wait) -> str:
-    source = profile["step_source"] or "none found"
+def _source(profile: Profile, wait: Wait) -> str:
+    source = profile.step_source or "none found"
     if not isinstance(wait, InputWait) or not wait.measured:
         return source
     per_window, replicas = wait.steps_per_window or 1, wait.replicas or 1
@@ -127,7 +131,7 @@ def _pipeline(wait: Wait) -> list[str]:
     ]
 
 
-def _recommendations(recommendations: list[Recommendation]) -> list[str]:
+def _recommendations(recommendations: tuple[Recommendation, ...]) -> list[str]:
     lines = []
     for rank, rec in enumerate(recommendations, start=1):
         gain = "" if rec.kind == CORRECTNESS else f", estimated gain {rec.estimated_gain:.2f}x"
@@ -141,7 +145,7 @@ def _recommendations(recommendations: list[Recommendation]) -> list[str]:
     return lines
 
 
-def _latent(notes: list[Recommendation]) -> list[str]:
+def _latent(notes: tuple[Recommendation, ...]) -> list[str]:
     """Structural defects of a run that does not wait for input: not ranked, said with what they would cost."""
     lines = []
     padding = [rec for rec in notes if rec.cause == "unbucketed-padding"]
@@ -165,39 +169,36 @@ def _latent_notes(notes: list[Recommendation]) -> list[str]:
     return lines
 
 
-def _run(item: dict) -> list[str]:
-    if item["verdict"] == "unreadable":
-        return [f"  {item['error']}"]
-    profile = item["profile"]
-    wait = wait_record.of(profile)
-    size = f", {profile['profile_mb']:,.1f} MB" if profile.get("profile_mb") is not None else ""
-    lines = [f"  profile: {profile['session']} ({profile['hardware_type']}, {profile['steps']} steps{size})"]
-    lines += [f"  {note}" for note in [profile.get("large_profile"), *profile.get("skipped", [])] if note]
-    lines.append(
-        f"  steps: {_source(profile, wait)}" + (" (INFERRED: no step markers)" if item["steps_inferred"] else "")
-    )
-    if profile["input_bound_percent"] is None:
-        lines.append(f"  verdict: unknown - {item['unmeasured'] or 'the input share could not be measured'}.")
-        lines += [f"  {note}" for note in item["notes"]]
+def _run(item: Run) -> list[str]:
+    if not isinstance(item, RunDiagnosis):
+        return [f"  {item.error}"]
+    profile = item.profile
+    wait = profile.wait
+    about = f"{profile.hardware_type}, {profile.steps} steps, {profile.profile_mb:,.1f} MB"
+    lines = [f"  profile: {profile.session} ({about})"]
+    lines += [f"  {note}" for note in [profile.large_profile, *profile.skipped] if note]
+    lines.append(f"  steps: {_source(profile, wait)}" + (" (INFERRED: no step markers)" if item.steps_inferred else ""))
+    if profile.input_bound_percent is None:
+        lines.append(f"  verdict: unknown - {item.unmeasured or 'the input share could not be measured'}.")
+        lines += [f"  {note}" for note in item.notes]
         lines.append(f"  {HOW_TO_CAPTURE}")
         return lines
-    label = " (inferred steps)" if item["steps_inferred"] else ""
-    lines.append(f"  verdict: {item['verdict'].upper()}{label}")
-    lines += _figures(profile, item["device"]) + _stall(wait) + _pipeline(wait)
+    label = " (inferred steps)" if item.steps_inferred else ""
+    lines.append(f"  verdict: {item.verdict.upper()}{label}")
+    lines += _figures(profile, item.device) + _stall(wait) + _pipeline(wait)
     lines += [f"  {line}" for line in [xla.summary(wait)] if line]
-    if profile["has_step_markers"] and profile["conclusion"]:
-        lines.append(f"  xprof: {profile['conclusion']}")
-    lines += _recommendations([Recommendation.from_dict(r) for r in item["recommendations"]])
-    lines += _latent([Recommendation.from_dict(r) for r in item.get("latent", ())])
-    lines += [f"  {note}" for note in item["notes"]]
-    if item["how_to_capture"]:
-        lines.append(f"  {item['how_to_capture']}")
+    if profile.has_step_markers and profile.conclusion:
+        lines.append(f"  xprof: {profile.conclusion}")
+    lines += _recommendations(item.recommendations) + _latent(item.latent)
+    lines += [f"  {note}" for note in item.notes]
+    if item.how_to_capture:
+        lines.append(f"  {item.how_to_capture}")
     return lines
 
 
-def render(result: dict) -> str:
-    """The text of a `diagnose` document (diagnose/report.py), as `step-doctor diagnose` prints it."""
-    lines = [_summary(run, item) for run, item in result["runs"].items()]
-    for run, item in result["runs"].items():
+def render(result: Diagnosis) -> str:
+    """The text of a diagnosis (diagnose/report.py), as `step-doctor diagnose` prints it."""
+    lines = [_summary(run, item) for run, item in result.runs.items()]
+    for run, item in result.runs.items():
         lines += ["", f"== {run} =="] + _run(item)
     return "\n".join(lines)

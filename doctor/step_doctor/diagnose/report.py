@@ -19,8 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from step_doctor.diagnose import analysis, wait_record, xla
+from step_doctor.diagnose import analysis, xla
 from step_doctor.diagnose.device import DeviceView, run_record, view
+from step_doctor.diagnose.diagnosis import Diagnosis, Run, RunDiagnosis, UnreadableRun
+from step_doctor.diagnose.profile_record import Profile
 from step_doctor.diagnose.recommend import latent, recommendations
 from step_doctor.diagnose.structural import padding_share
 from step_doctor.diagnose.verdict import verdict
@@ -68,45 +70,48 @@ def _no_profile_message(logdir: Path) -> str:
     return f"No TensorBoard profile under '{logdir}' (no plugins/profile/*/*.xplane.pb).{found} " + HOW_TO_CAPTURE
 
 
-def diagnose(logdir: str | Path) -> dict:
-    """{"logdir", "runs": {run: {verdict, profile, recommendations, ...}}} for every run with a profile."""
+def diagnose(logdir: str | Path) -> Diagnosis:
+    """Every run with a profile under logdir: its verdict, profile, recommendations and notes."""
     logdir = Path(logdir)
     if not logdir.exists():
         raise UserError(f"Log folder '{logdir}' does not exist. Pass a TensorBoard log folder, e.g. runs/compare.")
     sessions = analysis.find_profile_sessions(logdir)
     if not sessions:
         raise UserError(_no_profile_message(logdir))
-    runs = {}
+    runs: dict[str, Run] = {}
     for run, session in sessions.items():
         try:
             profile = analysis.analyze_session(session)
         except analysis.ProfileError as error:
-            runs[run] = {"verdict": "unreadable", "error": str(error), "recommendations": [], "latent": []}
+            runs[run] = UnreadableRun(str(error))
             continue
-        wait = wait_record.of(profile)
-        record = run_record(session)
-        device, padding = view(profile, record), padding_share(record)
-        ranked = recommendations(profile, _run_config(session), device, padding)
-        runs[run] = {
-            "verdict": verdict(profile, device),
-            "steps_inferred": profile["steps_inferred"],
-            "profile": profile,
-            "device": device.to_dict(),
-            "recommendations": [r.to_dict() for r in ranked],
-            "latent": [r.to_dict() for r in latent(profile, ranked, device, padding)],
-            "how_to_capture": None if profile["has_step_markers"] else HOW_TO_CAPTURE,
-            "unmeasured": None if profile["input_bound_percent"] is not None else wait.reason,
-            "notes": notes(profile, device),
-        }
-    return {"logdir": str(logdir), "runs": runs}
+        runs[run] = diagnose_run(profile, session)
+    return Diagnosis(str(logdir), runs)
 
 
-def notes(profile: dict, device: DeviceView | None = None) -> list[str]:
+def diagnose_run(profile: Profile, session: Path) -> RunDiagnosis:
+    """One run's diagnosis, from its profile and the records beside it (summary.json, config.yaml)."""
+    record = run_record(session)
+    device, padding = view(profile, record), padding_share(record)
+    ranked = recommendations(profile, _run_config(session), device, padding)
+    return RunDiagnosis(
+        verdict=verdict(profile, device),
+        profile=profile,
+        device=device,
+        recommendations=tuple(ranked),
+        latent=tuple(latent(profile, ranked, device, padding)),
+        how_to_capture=None if profile.has_step_markers else HOW_TO_CAPTURE,
+        unmeasured=None if profile.input_bound_percent is not None else profile.wait.reason,
+        notes=tuple(notes(profile, device)),
+    )
+
+
+def notes(profile: Profile, device: DeviceView | None = None) -> list[str]:
     """What the figures cannot show in this profile: a device's share, shared cores, XLA's compiles (diagnose/xla.py),
     producers that left no events."""
     device = device or view(profile)
     found = [device.unmeasured] if device.unmeasured else []
-    wait = wait_record.of(profile)
+    wait = profile.wait
     if not isinstance(wait, InputWait) or not wait.measured:
         return found
     found += [CPU_ONLY_NOTE] if device.cpu_only else []

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from step_doctor.diagnose import analysis, wait_record, xla
+from step_doctor.diagnose import analysis, xla
+from step_doctor.diagnose.profile_record import Profile, StepBreakdown
 from step_doctor.diagnose.recommendation import Causes, ms, pct
 from step_doctor.diagnose.stalls import left_out, working_step
 from step_doctor.diagnose.wait_record import InputWait, Wait
@@ -67,26 +68,30 @@ def stall_words(wait: Wait) -> str:
 class Breakdown:
     """xprof's step breakdown of one profile, as shares of its step time."""
 
-    profile: dict
+    profile: Profile
     precision: str | None  # the run's train.precision where its config says, else None
     busy: float | None  # the device's share of the step where measured (diagnose/device.py)
 
     @property
+    def figures(self) -> StepBreakdown:
+        return self.profile.breakdown
+
+    @property
     def step(self) -> float:
-        return self.profile["step_time_ms"]
+        return self.profile.step_time_ms
 
-    def share(self, key: str) -> float:
-        return 100 * self.profile[key] / self.step
+    def share(self, ms: float) -> float:
+        return 100 * ms / self.step
 
 
-def device_causes(profile: dict, config: dict, busy: float | None, causes: Causes) -> None:
+def device_causes(profile: Profile, config: dict, busy: float | None, causes: Causes) -> None:
     """Causes from xprof's step breakdown: launches, compilation, copies, placement, device use, precision."""
-    if not profile["has_step_markers"] or not profile["step_time_ms"]:
+    if not profile.has_step_markers or not profile.step_time_ms:
         return
     train = config.get("train")
     b = Breakdown(profile, train.get("precision") if isinstance(train, dict) else None, busy)
     small_kernels(b, causes)
-    if not xla.figures_of(wait_record.of(profile)).get("used"):  # else the trace's (recompilation)
+    if not xla.figures_of(profile.wait).get("used"):  # else the trace's (recompilation)
         compiled_per_xprof(b, causes)
     device_copies(b, causes)
     if b.busy is not None:
@@ -96,13 +101,14 @@ def device_causes(profile: dict, config: dict, busy: float | None, causes: Cause
 
 
 def small_kernels(b: Breakdown, causes: Causes) -> None:
-    if b.share("kernel_launch_ms") < 10:
+    launch = b.figures.kernel_launch_ms
+    if b.share(launch) < 10:
         return
     causes.add(
         "small-kernels",
         "Too many small kernels",
-        b.profile["kernel_launch_ms"] / 2,
-        f"{b.share('kernel_launch_ms'):.1f}% of step time ({b.profile['kernel_launch_ms']:.1f} ms) launches kernels",
+        launch / 2,
+        f"{b.share(launch):.1f}% of step time ({launch:.1f} ms) launches kernels",
         "Compile the step with XLA: `model.compile(..., jit_compile=True)` fuses kernels; run several steps per "
         "call: `steps_per_execution=16`. In this template: train.jit_compile: true, train.steps_per_execution.",
         "Estimate: half the launch time; XLA's gain depends on the model and the device.",
@@ -146,19 +152,19 @@ def recompilation(wait: InputWait, causes: Causes) -> None:
 
 def compiled_per_xprof(b: Breakdown, causes: Causes) -> None:
     """Compilation as xprof reports it (a profile whose trace shows no XLA: xprof's own compile figure)."""
-    if b.share("compile_ms") < 5:
+    if b.share(b.figures.compile_ms) < 5:
         return
     causes.add(
         "recompilation",
         "The step is compiled again and again",
-        b.profile["compile_ms"],
-        f"{b.share('compile_ms'):.1f}% of step time ({b.profile['compile_ms']:.1f} ms) compiles",
+        b.figures.compile_ms,
+        f"{b.share(b.figures.compile_ms):.1f}% of step time ({b.figures.compile_ms:.1f} ms) compiles",
         STATIC_SHAPES,
     )
 
 
 def device_copies(b: Breakdown, causes: Causes) -> None:
-    copies = b.profile["device_to_device_ms"] + b.profile["output_ms"]
+    copies = b.figures.device_to_device_ms + b.figures.output_ms
     if 100 * copies / b.step < 10:
         return
     causes.add(
@@ -173,13 +179,13 @@ def device_copies(b: Breakdown, causes: Causes) -> None:
 
 
 def host_placement(b: Breakdown, causes: Causes) -> None:
-    if b.share("host_compute_ms") < 20:
+    if b.share(b.figures.host_compute_ms) < 20:
         return
     causes.add(
         "host-placement",
         "Work placed on the host",
-        b.profile["host_compute_ms"] / 2,
-        f"{b.share('host_compute_ms'):.1f}% of step time is host compute while a device is present",
+        b.figures.host_compute_ms / 2,
+        f"{b.share(b.figures.host_compute_ms):.1f}% of step time is host compute while a device is present",
         "Check op placement (`tf.debugging.set_log_device_placement(True)`); move preprocessing into tf.data "
         "or onto the device.",
         "Estimate: half the host compute.",
@@ -187,7 +193,7 @@ def host_placement(b: Breakdown, causes: Causes) -> None:
 
 
 def model_too_small(b: Breakdown, causes: Causes) -> None:
-    if b.busy >= 50 or (b.profile["input_bound_percent"] or 0.0) >= analysis.INPUT_BOUND_HIGH:
+    if b.busy >= 50 or (b.profile.input_bound_percent or 0.0) >= analysis.INPUT_BOUND_HIGH:
         return
     causes.add(
         "model-too-small",
@@ -204,7 +210,7 @@ def float32(b: Breakdown, causes: Causes) -> None:
     causes.add(
         "float32",
         "float32 where mixed precision would serve",
-        b.profile["device_compute_ms"] / 3,
+        b.figures.device_compute_ms / 3,
         f"the device computes {b.busy:.1f}% of each step" + (" in float32" if b.precision == "float32" else ""),
         "`keras.mixed_precision.set_global_policy('mixed_float16')` on tensor-core GPUs. In this template: "
         "train.precision: auto.",

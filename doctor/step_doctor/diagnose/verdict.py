@@ -10,29 +10,29 @@ where a device was there but its share of the step is not measured (diagnose/dev
 
 from __future__ import annotations
 
-from step_doctor.diagnose import wait_record
 from step_doctor.diagnose.analysis import INPUT_BOUND_HIGH as INPUT_BOUND
 from step_doctor.diagnose.device import DeviceView, view
+from step_doctor.diagnose.profile_record import Profile
 from step_doctor.diagnose.stalls import left_out
 from step_doctor.diagnose.wait_record import InputWait
 
 HOST_BOUND = 0.5  # per-step overhead's share of a CPU-only step from which it is host-bound
 
 
-def host_share(profile: dict) -> float:
+def host_share(profile: Profile) -> float:
     """Of a CPU-only step without its stall, the share per-step overhead and compiling take (0 where unmeasured)."""
-    wait = wait_record.of(profile)
+    wait = profile.wait
     if not isinstance(wait, InputWait):
         return 0.0
-    working = profile["step_time_ms"] - left_out(wait)
+    working = profile.step_time_ms - left_out(wait)
     return ((wait.overhead_ms or 0.0) + (wait.compile_ms or 0.0)) / working if working > 0 else 0.0
 
 
-def verdict(profile: dict, device: DeviceView | None = None) -> str:
+def verdict(profile: Profile, device: DeviceView | None = None) -> str:
     """input-bound, device-bound, host-bound; not-input-bound where a device's share is unmeasured; unknown."""
     device = device or view(profile)
-    share = profile["input_bound_percent"]
-    if share is None or not profile["step_time_ms"]:
+    share = profile.input_bound_percent
+    if share is None or not profile.step_time_ms:
         return "unknown"
     if share >= INPUT_BOUND:
         return "input-bound"

@@ -1,10 +1,9 @@
 """The input wait of one profile as a typed record: what input_wait.py measures and every cause reads.
 
 `InputWait` holds the figures of the analysed steps (per step, in ms); `Unmeasured` says why there are none.
-The causes, the verdict and the text read them by attribute, so a misspelt figure is an AttributeError,
-never a silent None. `to_json` writes the `input_pipeline` object of the `diagnose --json` document (its
-keys in this order, which the TensorBoard tab reads); `from_json` reads it back where the causes, the verdict
-and the text start from a profile (analysis.py's, or a document's: the template keeps it in its run summary).
+The causes, the verdict and the text read them by attribute (the profile holds it: profile_record.py), so a
+misspelt figure is an AttributeError, never a silent None. `to_json` writes the `input_pipeline` object of the
+`diagnose --json` document (its keys in this order, which the TensorBoard tab reads).
 """
 
 from __future__ import annotations
@@ -68,15 +67,3 @@ class InputWait:
 
 
 Wait = InputWait | Unmeasured
-
-
-def from_json(values: dict | None) -> Wait:
-    """The record of a document's `input_pipeline` object (to_json's output); a missing one is unmeasured."""
-    if not values or set(values) <= {"measured", "reason"}:
-        return Unmeasured((values or {}).get("reason"))
-    return InputWait(**values)
-
-
-def of(profile: dict) -> Wait:
-    """The input wait of a profile (analysis.analyze_session's, or a `diagnose` document's)."""
-    return from_json(profile.get("input_pipeline"))

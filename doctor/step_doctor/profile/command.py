@@ -11,8 +11,7 @@ measured; 2 when the command is not a Python one, never imports TensorFlow, or c
 
 from __future__ import annotations
 
-import contextlib
-import io
+import dataclasses
 import json
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from step_doctor import diagnose as analyser  # the analyser's entry points: diagnose(), render(), main()
 from step_doctor import files
+from step_doctor.diagnose.diagnosis import Diagnosis, RunDiagnosis
 from step_doctor.errors import UserError
 from step_doctor.profile import explain, runner
 from step_doctor.tensorboard import text_summary
@@ -82,16 +82,10 @@ def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) ->
             print(json.dumps(document, indent=2, default=str))
         print(f"error: {paragraph}", file=sys.stderr)
         return status
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):  # main() keeps the gate's exit status in one place
-        status = analyser.main(
-            str(logdir),
-            as_json=True,
-            fail_if_input_bound=args.fail_if_input_bound,
-            allow_unmeasured=args.allow_unmeasured,
-        )
-    result = _loop_hints(json.loads(out.getvalue()), child)
-    document = {**result, "logdir": str(shown), "capture": about, "utilization": usage, "tensorboard": board}
+    result = analyser.diagnose(str(logdir))
+    status = analyser.gate(result, args.fail_if_input_bound, args.allow_unmeasured)
+    result = _loop_hints(result, child)
+    document = {**result.to_json(), "logdir": str(shown), "capture": about, "utilization": usage, "tensorboard": board}
     files.write_json(logdir / "profile.json", document)
     text_summary.write_diagnosis(logdir, result)  # the verdict in TensorBoard's Text tab too
     if args.json:
@@ -111,15 +105,19 @@ def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) ->
     return status
 
 
-def _loop_hints(result: dict, child: runner.ChildRun) -> dict:
+def _loop_hints(result: Diagnosis, child: runner.ChildRun) -> Diagnosis:
     """A custom loop's steps are inferred by design: say how, instead of the analyser's advice to add markers."""
     loops = {s["run"]: s for s in child.statuses if s.get("mode") == "custom-loop" and s.get("run")}
-    for run, item in result["runs"].items():
+    runs = dict(result.runs)
+    for run, item in result.runs.items():
         status = loops.get(run)
-        if status and item.get("how_to_capture"):
-            item["how_to_capture"] = (
-                f"A custom loop has no Keras batches to mark: its steps are the executions of "
-                f"`{(status.get('window') or {}).get('function')}`, its step function, each from one call to the next "
-                "(so fetching the next batch between calls counts as waiting for input)."
+        if status and isinstance(item, RunDiagnosis) and item.how_to_capture:
+            runs[run] = dataclasses.replace(
+                item,
+                how_to_capture=(
+                    f"A custom loop has no Keras batches to mark: its steps are the executions of "
+                    f"`{(status.get('window') or {}).get('function')}`, its step function, each from one call to the "
+                    "next (so fetching the next batch between calls counts as waiting for input)."
+                ),
             )
-    return result
+    return dataclasses.replace(result, runs=runs)

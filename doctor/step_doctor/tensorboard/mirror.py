@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from step_doctor import diagnose as analyser
+from step_doctor.diagnose.diagnosis import Diagnosis, RunDiagnosis, UnreadableRun
 from step_doctor.tensorboard.discovery import Run, regular_file
 
 RECORDS = ("summary.json", "config.yaml")  # what diagnose reads beside a profile (diagnose/device.py, report.py)
@@ -63,10 +64,10 @@ def _relocated(document: dict, mirrored: Path, real: Path) -> dict:
     return json.loads(text)
 
 
-def _headline(text: str, run: Run, item: dict) -> str:
+def _headline(text: str, run: Run, item: RunDiagnosis | UnreadableRun) -> str:
     """The summary line the command line prints for the run, without the run's name and verdict."""
     first = text.splitlines()[0].removeprefix(f"{run.name}: ") if text else ""
-    return first.removeprefix(f"{str(item.get('verdict', '')).upper()}, ")
+    return first.removeprefix(f"{item.verdict.upper()}, ")
 
 
 def analyse(run: Run, root: Path) -> dict:
@@ -76,10 +77,10 @@ def analyse(run: Run, root: Path) -> dict:
     try:
         mirrored = build(run, root, workspace)
         document = analyser.diagnose(mirrored)
-        item = next(iter(document["runs"].values()))
-        text = analyser.render({"logdir": str(root), "runs": {run.name: item}})
+        item = next(iter(document.runs.values()))
+        text = analyser.render(Diagnosis(str(root), {run.name: item}))
         found = _relocated(
-            {"diagnosis": item, "text": text, "headline": _headline(text, run, item)}, mirrored, run.folder
+            {"diagnosis": item.to_json(), "text": text, "headline": _headline(text, run, item)}, mirrored, run.folder
         )
     finally:
         shutil.rmtree(workspace, ignore_errors=True)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from step_doctor import diagnose as analyser
+from step_doctor.diagnose.diagnosis import Diagnosis, RunDiagnosis, UnreadableRun
 from step_doctor.errors import UserError
 from step_doctor.tensorboard import comparison
 
@@ -38,42 +39,42 @@ def _figure(value, digits: int, unit: str) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}{unit}"
 
 
-def diagnosis_markdown(run: str, item: dict) -> str:
+def diagnosis_markdown(run: str, item: RunDiagnosis | UnreadableRun) -> str:
     """One run's diagnosis: the summary line, the ranked recommendations as a table, the first fix, the notes."""
-    headline = analyser.render({"logdir": "", "runs": {run: item}}).splitlines()[0]
+    headline = analyser.render(Diagnosis("", {run: item})).splitlines()[0]
     lines = [f"**{_cell(headline)}**", ""]
-    if item.get("verdict") == "unreadable":
-        return "\n".join(lines + [_cell(item.get("error", ""))])
-    if item.get("unmeasured"):
-        lines += [f"Not measured: {item['unmeasured']}", ""]
-    ranked = item.get("recommendations") or []
+    if not isinstance(item, RunDiagnosis):
+        return "\n".join(lines + [_cell(item.error)])
+    if item.unmeasured:
+        lines += [f"Not measured: {item.unmeasured}", ""]
+    ranked = item.recommendations
     if ranked:
         lines += ["| # | recommendation | removes per step | estimated gain |", "|---:|---|---:|---:|"]
         for rank, found in enumerate(ranked, start=1):
-            removed = f"{found['removes_ms']:.1f} ms ({found['score']:.0f} %)"
-            lines.append(f"| {rank} | {_cell(found['title'])} | {removed} | {found['estimated_gain']:.2f}x |")
-        lines += ["", f"**First fix:** {ranked[0]['fix']}", "", f"Evidence: {ranked[0]['evidence']}", ""]
-    for found in item.get("latent") or []:
-        lines += [f"- Latent: **{found['title']}**. {found.get('if_faster') or found['evidence']}"]
-    for note in item.get("notes") or []:
+            removed = f"{found.removes_ms:.1f} ms ({found.score:.0f} %)"
+            lines.append(f"| {rank} | {_cell(found.title)} | {removed} | {found.estimated_gain:.2f}x |")
+        lines += ["", f"**First fix:** {ranked[0].fix}", "", f"Evidence: {ranked[0].evidence}", ""]
+    for found in item.latent:
+        lines += [f"- Latent: **{found.title}**. {found.if_faster or found.evidence}"]
+    for note in item.notes:
         lines += [f"- {note}"]
     return "\n".join(lines).strip() + "\n"
 
 
-def comparison_markdown(report: dict, document: dict | None) -> str:
+def comparison_markdown(report: dict, document: Diagnosis | None) -> str:
     """compare's runs side by side, with each run's verdict and first fix where it was diagnosed."""
     names = list(report["runs"])
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for label, key, digits, unit in COMPARED:
         cells = [_figure((report["runs"][n] or {}).get(key), digits, unit) for n in names]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    runs = (document or {}).get("runs", {})
+    runs = document.runs if document else {}
     verdicts, firsts = [], []
     for name in names:
-        item = runs.get(name) or {}
-        first = (item.get("recommendations") or [{}])[0]
-        verdicts.append(str(item.get("verdict", "n/a")).upper())
-        firsts.append(f"{_cell(first['title'])} ({first['estimated_gain']:.2f}x)" if first else "none")
+        item = runs.get(name)
+        first = item.recommendations[0] if item and item.recommendations else None
+        verdicts.append((item.verdict if item else "n/a").upper())
+        firsts.append(f"{_cell(first.title)} ({first.estimated_gain:.2f}x)" if first else "none")
     lines += ["| verdict | " + " | ".join(verdicts) + " |", "| first fix | " + " | ".join(firsts) + " |"]
     if report.get("speedup"):
         lines += ["", f"**Speedup: {report['speedup']:.2f}x** examples/s ({names[-1]} / {names[0]})."]
@@ -104,10 +105,10 @@ def _write(folder: Path, tag: str, markdown: str) -> Path | None:
         return None
 
 
-def write_diagnosis(logdir: Path, document: dict) -> list[Path]:
+def write_diagnosis(logdir: Path, document: Diagnosis) -> list[Path]:
     """Each diagnosed run's verdict, as a text summary in its own folder (its run in the Text tab)."""
     written = []
-    for run, item in document.get("runs", {}).items():
+    for run, item in document.runs.items():
         path = _write(Path(logdir) / run, DIAGNOSIS_TAG, diagnosis_markdown(run, item))
         written += [path] if path else []
     return written
