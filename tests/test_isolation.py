@@ -90,10 +90,12 @@ def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data
     assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "check.json").read_text())
     assert len(report["load_average"]["before"]) == 3 and report["cores"] >= 1
+    assert report["cpu"]["model"] and isinstance(report["cpu"]["bf16_units"], bool)
+    assert f"On {report['cpu']['model']} (" in (out / "check.md").read_text()
     checked = report["scenarios"]["auto"]
     assert set(checked["aa"]) == {"bench", "ladder", "tune"}
     for aa in checked["aa"].values():
-        assert len(aa["ratios"]) == 5
+        assert len(aa["ratios"]) == 3  # 5 rounds crossed: 3 a half, each paired with its counterpart
         assert aa["passed"] == (abs(aa["median"] - 1) <= 0.03)
         assert aa["within_noise"] == (abs(aa["median"] - 1) <= max(0.03, aa["noise"]))
     order = checked["order"]
@@ -163,6 +165,61 @@ def test_every_process_renews_its_pipeline_before_anything_is_recorded():
     ]  # each renewed once, then one unrecorded trial each
     assert [command for _, command in log[4:]] == ["trial"] * 8
     assert all(len(view.samples) == 2 for view in views)
+
+
+class Process:
+    """A worker whose trials run at its own speed times its variant's: what belongs to a process, not to a config."""
+
+    FACTS = dict(
+        description="",
+        batch_size=1,
+        replicas=1,
+        precision="float32",
+        jit_compile=False,
+        steps_per_execution=1,
+        strategy="default",
+        config={},
+        device="CPU",
+        cpu_cores=2,
+        warmup_seconds=0.0,
+    )
+
+    def __init__(self, speed, rates, log):
+        self.speed, self.rates, self.log, self.holds = speed, rates, log, None
+
+    def config_file(self, cfg, name):
+        return cfg
+
+    def call(self, command, **arguments):
+        self.log.append((self, command, arguments.get("name")))
+        if command == "prepare":
+            self.holds = arguments["name"]
+            return dict(self.FACTS)
+        return {"rate": self.speed * self.rates[self.holds]} if command == "trial" else {"warmup_seconds": 0.0}
+
+
+def variant_in(process, name):
+    variant = object.__new__(isolated.IsolatedVariant)
+    variant.name, variant.cfg, variant.samples, variant.how = name, name, [], {}
+    variant.worker, variant.facts = process, variant.prepare_in(process)
+    return variant
+
+
+def test_a_comparison_is_crossed_so_a_faster_process_favours_neither_config():
+    """The process made second read 2-6 % faster than the first on the Intel kind, whatever it ran: each config
+    runs in both processes, prepared in both orders, and the rounds of the two halves are paired."""
+    log = []
+    rates = {"base": 1000.0, "candidate": 1200.0}
+    first, second = Process(1.0, rates, log), Process(1.05, rates, log)
+    base, candidate = variant_in(first, "base"), variant_in(second, "candidate")
+    pair = isolated.pair_round(base, candidate, 5, 0.1, log=lambda line: None)
+    assert pair.ratios == pytest.approx([1.2] * 3)  # 3 rounds a half; uncrossed it would read 1.26
+    assert pair.aa_ratios == pytest.approx([1.0] * 6)
+    assert (base.worker, candidate.worker) == (second, first)  # each variant now owns the process that runs it
+    assert (first.holds, second.holds) == ("candidate", "base")
+    prepares = [(process, name) for process, command, name in log[2:] if command == "prepare"]
+    assert prepares == [(first, "candidate"), (second, "base")]  # the candidate first: the order flips too
+    assert len(pair.samples["base"]) == len(pair.samples["candidate (again)"]) == 6
 
 
 def test_a_renewed_variant_runs_a_fresh_iterator_warmed_up_as_a_new_one(monkeypatch):

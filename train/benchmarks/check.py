@@ -4,18 +4,20 @@
   +-3 % (median of the per-round ratios), in each pairing the benchmarks use: bench's (two
   fresh variants in the same rounds), the ladder's (a long-running base against a fresh
   candidate) and tune's (TrialMeasure.compare, its trial lengths). Every pairing renews each
-  process's pipeline before its rounds (isolated.interleaved): a long-running base's pipeline
-  is then as young as a fresh candidate's. Each pairing measures both
-  twice a round, alternating; the first variant's two trials give the noise of that moment
-  (`within_noise`: the A/A median lies within max(3 %, that noise)).
+  process's pipeline before its rounds (isolated.interleaved), and is crossed
+  (isolated.pair_round): half its rounds with each config in its own process, half with each in
+  the other's, so what belongs to a process (its age, its order of creation) cancels. Each
+  pairing measures both twice a round, alternating; the first variant's two trials give the
+  noise of that moment (`within_noise`: the A/A median lies within max(3 %, that noise)).
 - **order**: a rung's gain measured with it as the fresh candidate against the long-running
   base, and again with it as the long-running base against the fresh rung before it, must
   agree within max(3 %, the A/A noise of either run). The rung is the ladder file's
   `order_check` (the encoded cache of the larger-than-memory ladder: 1,229 ex/s as the
   candidate and 1,500-2,900 as the base under the old harness).
 
-Writes runs/bench-check/check.json and check.md with the machine's load (os.getloadavg, what
-`uptime` prints) before and after; exits 1 when a check fails.
+Writes runs/bench-check/check.json and check.md with the CPU (its model, whether it has bfloat16
+units) and the machine's load (os.getloadavg, what `uptime` prints) before and after; exits 1
+when a check fails.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import time
 from pathlib import Path
 
+from step_doctor import machine
 from train import scenario as scenario_lib
 from train.benchmarks import isolated, ladder, stats, trials
 from train.benchmarks.options import BenchOptions, CheckOptions, LadderOptions, Trials, TuneOptions
@@ -175,15 +178,17 @@ def main(opts: CheckOptions) -> int:
         all(aa["passed"] for aa in result["aa"].values()) and result["order"]["passed"] for result in results.values()
     )
     load = {"before": list(load_before), "after": list(os.getloadavg())}
-    report = {"passed": passed, "load_average": load, "cores": os.cpu_count(), "scenarios": results}
+    cpu = {"model": machine.cpu_model(), "bf16_units": machine.cpu_bf16(), "cores": os.cpu_count()}
+    report = {"passed": passed, "load_average": load, "cpu": cpu, "cores": os.cpu_count(), "scenarios": results}
     files.write_json(out / "check.json", report)
     before, after = (", ".join(f"{x:.2f}" for x in load[when]) for when in ("before", "after"))
     text = "\n".join(
         [
             "# bench-check",
             "",
-            f"Load average (1, 5, 15 min, as `uptime` prints it) before {before}, after {after}, "
-            f"on {os.cpu_count()} cores.",
+            f"On {cpu['model']} ({'with' if cpu['bf16_units'] else 'without'} bfloat16 units), "
+            f"{cpu['cores']} cores. Load average (1, 5, 15 min, as `uptime` prints it) before {before}, after "
+            f"{after}.",
             "",
             table(results),
             "",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -162,23 +163,22 @@ class IsolatedVariant:
         log: Callable[[str], None] = print,
     ):
         self.name, self.cfg, self.samples = name, cfg, []
+        self.how = {"ceiling": ceiling, "service_workers": service_workers, "warmup_seconds": warmup_seconds}
         self.worker = Worker(name)
         started = time.perf_counter()
         try:
-            reply = self.worker.call(
-                "prepare",
-                config=self.worker.config_file(cfg, "variant"),
-                name=name,
-                ceiling=ceiling,
-                service_workers=service_workers,
-                warmup_seconds=warmup_seconds,
-                quiet=log is None,
-            )
+            self.facts = self.prepare_in(self.worker, quiet=log is None)
         except BaseException:
             self.worker.close()
             raise
-        self.facts = Facts(**reply)
         self.prepare_seconds = time.perf_counter() - started
+
+    def prepare_in(self, worker: Worker, quiet: bool = True) -> Facts:
+        """This variant's config made ready in `worker` (its own at first; the other's in a crossover)."""
+        reply = worker.call(
+            "prepare", config=worker.config_file(self.cfg, "variant"), name=self.name, quiet=quiet, **self.how
+        )
+        return Facts(**reply)
 
     @property
     def description(self) -> str:
@@ -304,28 +304,60 @@ def interleaved(
 class Pair:
     """A base and a candidate measured in the same rounds (pair_round)."""
 
-    ratios: list[float]  # per round: candidate / base, each the mean of its two trials of that round
-    aa_ratios: list[float]  # per round: the base's second trial / its first (A/A)
-    base: list[float]  # per round: the base's mean examples/s
+    ratios: list[float]  # per crossed round: candidate / base (pair_round)
+    aa_ratios: list[float]  # per round of both halves: the base's second trial / its first (A/A)
+    base: list[float]  # per crossed round: the base's examples/s (geometric mean of the two halves' round means)
     candidate: list[float]
-    samples: dict  # every trial, per round: base, candidate, base (again), candidate (again)
+    samples: dict  # every trial, per round of both halves: base, candidate, base (again), candidate (again)
 
 
-def pair_round(base, candidate, rounds: int, seconds: float, log: Callable[[str], None] = print, min_calls: int = 3):
-    """Base and candidate each measured twice a round, alternating (B C B C, so no trial follows one of
-    the same process), which also gives the base's A/A noise at that very time."""
+def _half(base, candidate, rounds: int, seconds: float, log: Callable[[str], None], min_calls: int) -> list[list]:
+    """Base and candidate each measured twice a round, alternating (B C B C, so no trial follows one of the same
+    process): [base, candidate, base again, candidate again], each a list of per-round rates."""
     views = [base.view(base.name), candidate.view(candidate.name)]
     views += [base.view(f"{base.name} (again)"), candidate.view(f"{candidate.name} (again)")]
     interleaved(views, rounds, seconds, log=log, min_calls=min_calls)
-    first_base, first_candidate, again_base, again_candidate = (v.samples for v in views)
-    base_means = [(a + b) / 2 for a, b in zip(first_base, again_base)]
-    candidate_means = [(a + b) / 2 for a, b in zip(first_candidate, again_candidate)]
+    return [list(v.samples) for v in views]
+
+
+def exchange(base: IsolatedVariant, candidate: IsolatedVariant, log: Callable[[str], None] = print) -> None:
+    """Each variant's config made ready in the other's process, the candidate's first, and the processes swapped
+    between the two variants: each config then runs where the other ran, prepared in the other order."""
+    base_worker, candidate_worker = base.worker, candidate.worker
+    candidate.facts = candidate.prepare_in(base_worker)
+    base.facts = base.prepare_in(candidate_worker)
+    base.worker, candidate.worker = candidate_worker, base_worker
+    log(f"  exchanged: {candidate.name} now runs in {base.name}'s process and {base.name} in {candidate.name}'s")
+
+
+def pair_round(base, candidate, rounds: int, seconds: float, log: Callable[[str], None] = print, min_calls: int = 3):
+    """The candidate against the base in a crossover: half the rounds with each in its own process, then each
+    config prepared again in the other's process (exchange), the other half. Each round is paired with its
+    counterpart of the other half (geometric mean of the two ratios), so whatever belongs to a process rather
+    than to a config cancels: a process created second read 2-6 % faster than the first on the Intel kind,
+    whichever config it ran (docs/benchmarks.md, "Why comparisons are crossed"). Each config is measured twice a
+    round, which also gives the base's A/A noise at that very time.
+    """
+    half = max(1, math.ceil(rounds / 2))
+    first = _half(base, candidate, half, seconds, log, min_calls)
+    exchange(base, candidate, log=log)
+    second = _half(base, candidate, half, seconds, log, min_calls)
+
+    def means(trials: list[list]) -> list[float]:
+        once, again = trials
+        return [(a + b) / 2 for a, b in zip(once, again)]
+
+    crossed = {
+        role: [math.sqrt(a * b) for a, b in zip(means(first[i::2]), means(second[i::2]))]
+        for role, i in (("base", 0), ("candidate", 1))
+    }
+    names = ("base", "candidate", "base (again)", "candidate (again)")
     return Pair(
-        ratios=stats.paired(candidate_means, base_means),
-        aa_ratios=stats.paired(again_base, first_base),
-        base=base_means,
-        candidate=candidate_means,
-        samples=dict(zip(("base", "candidate", "base (again)", "candidate (again)"), (list(v.samples) for v in views))),
+        ratios=stats.paired(crossed["candidate"], crossed["base"]),
+        aa_ratios=stats.paired(first[2], first[0]) + stats.paired(second[2], second[0]),
+        base=crossed["base"],
+        candidate=crossed["candidate"],
+        samples={name: a + b for name, a, b in zip(names, first, second)},
     )
 
 

@@ -4,7 +4,7 @@ The parent (isolated.py) sends one JSON command per line on stdin and reads one 
 line on the file descriptor it passed; between commands it stops this process (SIGSTOP), so
 nothing here runs while another variant is measured. Commands:
 
-    prepare  {config, name, ceiling, service_workers, warmup_seconds, quiet}  -> facts of the variant
+    prepare  {config, name, ceiling, service_workers, warmup_seconds, quiet}  -> facts (again: replaces the variant)
     trial    {seconds, min_calls}                                         -> {"rate": examples/s}
     renew    {}: a fresh iterator over the same pipeline, warmed up         -> {"warmup_seconds": ...}
     profile  {logdir, num_steps}                                          -> {"profile": dict | null}
@@ -61,6 +61,9 @@ class Worker:
         self.cluster = None
 
     def prepare(self, config: str, name: str, ceiling: bool, service_workers: int, warmup_seconds: float, quiet: bool):
+        """Make a variant ready; a second call replaces this process's variant with another (the crossover of
+        isolated.pair_round): the first is released before the second is built."""
+        self.close()
         from train import config as config_lib
         from train import sources
         from train.benchmarks import trials
@@ -143,12 +146,15 @@ class Worker:
         return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
     def close(self) -> None:
-        self.variant = None  # releases the iterator (and any service job) before the cluster stops
-        if self.cluster is not None:
-            import gc
+        if self.variant is None and self.cluster is None:
+            return
+        import gc
 
-            gc.collect()
+        self.variant = None  # releases the iterator (and any service job) before the cluster stops
+        gc.collect()
+        if self.cluster is not None:
             self.cluster.stop()
+            self.cluster = None
 
 
 def serve(commands, reply) -> None:
