@@ -254,16 +254,17 @@ def test_only_far_out_time_of_a_millisecond_or_more_is_taken_for_a_stall():
     step[8] += 40_000.0
     no_gaps = ([0.0] * n, [0.0] * n)
     found = stalls.split(step, [500.0] * n, compute, no_gaps, caller)
-    assert found["stretched_steps"] == 2
-    assert found["stall_us"][5] == pytest.approx(150_000.0) and found["stall_us"][8] == pytest.approx(40_000.0)
-    assert sum(found["stall_us"]) == pytest.approx(190_000.0)
-    assert found["compute_stretched_ms"] == pytest.approx(40.0 / n, abs=1e-3)
-    assert found["pipeline_ms"] == pytest.approx(50.0 / n, abs=1e-2)
+    assert found.stretched_steps == 2
+    assert found.stall_us[5] == pytest.approx(150_000.0) and found.stall_us[8] == pytest.approx(40_000.0)
+    assert sum(found.stall_us) == pytest.approx(190_000.0)
+    assert found.compute_stretched_ms == pytest.approx(40.0 / n, abs=1e-3)
+    assert found.pipeline_ms == pytest.approx(50.0 / n, abs=1e-2)
     few = stalls.split(step[:4], [500.0] * 4, compute[:4], ([0.0] * 4, [0.0] * 4), caller[:4])
-    assert few["stall_ms"] == 0.0 and few["stretched_steps"] == 0
+    assert few.stall_ms == 0.0 and few.stretched_steps == 0
     gaps = stalls.split(step, [500.0] * n, [500.0] * n, ([1500.0] * n, [500.0] * n), [{}] * n)  # from activity.py
-    assert (gaps["stall_ms"], gaps["gaps_ms"], gaps["pipeline_ms"]) == pytest.approx((1.5, 1.5, 0.5))
-    wait = records.wait(step_ms=10.0, stall_ms=1.5, stall={"pipeline_ms": 0.5})
+    assert (gaps.stall_ms, gaps.gaps_ms, gaps.pipeline_ms) == pytest.approx((1.5, 1.5, 0.5))
+    assert gaps.record() == stalls.Stall(gaps_ms=1.5, pipeline_ms=0.5, stretched_steps=0, stretched_ms=0.0)
+    wait = records.wait(step_ms=10.0, stall_ms=1.5, stall=gaps.record())
     assert (stalls.working_step(wait), stalls.left_out(wait)) == pytest.approx((9.0, 1.0))
 
 
@@ -359,10 +360,10 @@ def test_a_wait_whose_producers_left_no_events_is_called_out():
     """TF 2.17 drops the events of finished epochs' tf.data threads: the wait then sits on a pass-through stage."""
 
     def profile(unattributed_ms):
-        stages = [
-            {"path": "Iterator::Root::Prefetch", "pass_through": True, "blocking_ms": unattributed_ms},
-            {"path": "Iterator::Root::Prefetch::Shuffle", "pass_through": False, "blocking_ms": 8 - unattributed_ms},
-        ]
+        stages = (
+            records.stage("Iterator::Root::Prefetch", "Prefetch", pass_through=True, blocking_ms=unattributed_ms),
+            records.stage("Iterator::Root::Prefetch::Shuffle", "Shuffle", blocking_ms=8 - unattributed_ms),
+        )
         wait = records.wait(step_ms=10.0, input_ms=8.0, unattributed_ms=unattributed_ms, stages=stages)
         return records.profile(wait, device_busy_percent=50.0)
 
@@ -373,8 +374,8 @@ def test_a_wait_whose_producers_left_no_events_is_called_out():
 
 
 def _stage(path, kind, blocking_ms=0.0, fn_ms=None):
-    functions = {"wall_ms": fn_ms} if fn_ms is not None else None
-    return {"path": path, "kind": kind, "blocking_ms": blocking_ms, "pass_through": False, "functions": functions}
+    functions = records.functions(wall_ms=fn_ms) if fn_ms is not None else None
+    return records.stage(path, kind, blocking_ms=blocking_ms, functions=functions)
 
 
 def test_the_wait_on_a_strategys_hand_off_generator_goes_to_the_pipeline_that_feeds_it():
@@ -409,7 +410,7 @@ def test_the_wait_on_a_strategys_hand_off_generator_goes_to_the_pipeline_that_fe
     ],
 )
 def test_token_ids_are_read_from_the_element_shapes_only_where_they_can_only_be_that(shapes, types, ids):
-    stage = {"params": {"shapes": shapes, "types": types} if shapes else {}}
+    stage = records.stage("Iterator::Root::Map", "Map", params={"shapes": shapes, "types": types} if shapes else {})
     assert stages.token_ids(stage) == ids
 
 
@@ -417,11 +418,11 @@ def _padded_wait(
     batch_shapes: str, fed_shapes: str, path: str = "Iterator::Root::Prefetch::PaddedBatchV2"
 ) -> InputWait:
     def stage(at, kind, shapes, **params):
-        return {"path": at, "kind": kind, "ops": [], "params": {"shapes": shapes, "types": "int32 int32", **params}}
+        return records.stage(at, kind, params={"shapes": shapes, "types": "int32 int32", **params})
 
     padded = stage(path, "PaddedBatchV2", batch_shapes, batch_size="32")
     fed = stage(path + "::FlatMap", "FlatMap", fed_shapes)
-    return records.wait(step_ms=10.0, input_ms=1.0, compute_ms=6.0, stages=[padded, fed])
+    return records.wait(step_ms=10.0, input_ms=1.0, compute_ms=6.0, stages=(padded, fed))
 
 
 def test_a_padded_batch_is_a_structural_fix_only_where_it_pads_without_buckets():
@@ -441,29 +442,23 @@ def test_a_padded_batch_is_a_structural_fix_only_where_it_pads_without_buckets()
 
 
 def _tree_stage(path, kind, functions=None, **params):
-    return {
-        "path": path,
-        "kind": kind,
-        "ops": [f"{kind}Dataset:1"],
-        "user_ops": [],
-        "injected": False,
-        "params": params,
-        "async": kind == "Prefetch",
-        "pass_through": kind in ("Root", "Prefetch"),
-        "threads": 1,
-        "instances": 1,
-        "busy_ms": 0.0,
-        "blocking_ms": 2.0 if kind == "Generator" else 0.0,
-        "fill_ms": 0.0,
-        "functions": functions,
-    }
+    return records.stage(
+        path,
+        kind,
+        ops=(f"{kind}Dataset:1",),
+        params=params,
+        asynchronous=kind == "Prefetch",
+        pass_through=kind in ("Root", "Prefetch"),
+        blocking_ms=2.0 if kind == "Generator" else 0.0,
+        functions=functions,
+    )
 
 
 def test_python_tokenization_in_a_run_that_does_not_wait_for_it_is_a_latent_note():
     """A slow model in front of a Python tokenizer (the template's naive text run on a CPU): the generator costs
     little here, and would hold the step where the model is faster: a latent note that names it."""
-    python = {"calls_per_step": 32, "work_ms": 10.0, "wall_ms": 9.0, "concurrency": 1.1, "threads": 2}
-    python.update({"ops_ms": {"python": 8.0}, "top_ops": [["PyFunc", 8.0]]})
+    python = records.functions(calls_per_step=32, work_ms=10.0, wall_ms=9.0, concurrency=1.1, threads=2)
+    python = dataclasses.replace(python, ops_ms={"python": 8.0}, top_ops=(("PyFunc", 8.0),))
     root = "Iterator::Root::Prefetch::BatchV2"
     tree = [
         _tree_stage("Iterator::Root", "Root"),
@@ -472,22 +467,24 @@ def test_python_tokenization_in_a_run_that_does_not_wait_for_it_is_a_latent_note
         _tree_stage(root + "::FlatMap", "FlatMap", shapes="[?] []", types="int32 int32"),
         _tree_stage(root + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32"),
     ]
-    wait = records.wait(step_ms=200.0, input_ms=2.0, cpu_budget=2, stages=tree)
+    wait = records.wait(step_ms=200.0, input_ms=2.0, cpu_budget=2, stages=tuple(tree))
     (note,) = structural.latent_fixes(wait, cpu_only=True, listed=[])
     assert note.cause == "python-tokenization" and note.kind == "latent" and note.stage.endswith("Generator")
     assert "[?] int32: token ids" in note.evidence and "tokenized once" in note.if_faster
-    image = [{**s, "params": {**s["params"], "shapes": "[64,64,3] []", "types": "uint8 int64"}} for s in tree]
+    image = tuple(
+        dataclasses.replace(s, params={**s.params, "shapes": "[64,64,3] []", "types": "uint8 int64"}) for s in tree
+    )
     assert not structural.latent_fixes(dataclasses.replace(wait, stages=image), cpu_only=True, listed=[])
 
 
 def test_a_shuffle_buffer_filled_from_python_tokenization_says_to_tokenize_once():
-    python = {"calls_per_step": 100, "work_ms": 38.0, "wall_ms": 35.0, "concurrency": 1.1, "threads": 2}
-    python.update({"ops_ms": {"python": 31.0}, "top_ops": [["PyFunc", 31.0]]})
+    python = records.functions(calls_per_step=100, work_ms=38.0, wall_ms=35.0, concurrency=1.1, threads=2)
+    python = dataclasses.replace(python, ops_ms={"python": 31.0}, top_ops=(("PyFunc", 31.0),))
     at = "Iterator::Root::PaddedBatchV2::Shuffle"
     shuffle = _tree_stage(at, "Shuffle", buffer_size="1000", shapes="[?] []", types="int32 int32")
-    shuffle.update({"fill_ms": 36.0, "fills": 1, "pulled_per_fill": 1000, "element_mb": None})
+    shuffle = dataclasses.replace(shuffle, fill_ms=36.0, fills=1, pulled_per_fill=1000, element_mb=None)
     tokens = _tree_stage(at + "::FlatMap::Generator", "Generator", python, shapes="[?] []", types="int32 int32")
-    wait = records.wait(step_ms=320.0, input_ms=44.0, cpu_budget=2, stages=[shuffle, tokens])
+    wait = records.wait(step_ms=320.0, input_ms=44.0, cpu_budget=2, stages=(shuffle, tokens))
     causes = Causes(320.0)
     input_causes.input_causes(wait, cpu_only=True, causes=causes)
     (refill,) = [r for r in causes.found if r.cause == "shuffle-buffer-refill"]
@@ -506,7 +503,7 @@ def test_the_input_wait_is_read_by_attribute_and_written_as_the_documents_input_
     with pytest.raises(AttributeError):
         record.input_wait_ms  # noqa: B018
     with pytest.raises(TypeError):
-        InputWait(**{**written, "inptu_ms": 1.0})
+        dataclasses.replace(record, inptu_ms=1.0)
     none = Unmeasured("the profile shows no training steps")
     assert none.to_json() == {"measured": False, "reason": none.reason}
     with pytest.raises(AttributeError):

@@ -142,7 +142,7 @@ def test_a_pipeline_without_prefetch_lists_it_even_when_another_cause_ranks_firs
     """No prefetch anywhere, waiting for input a quarter of each step or more: the map ranks first, and the prefetch
     the tree lacks is listed too, with its estimate and the reason for it (the map-and-batch runs a batch ahead)."""
     item = _only_run(profiled("decode_map_no_prefetch"))
-    assert item.verdict == "input-bound" and item.profile.wait.prefetch == []
+    assert item.verdict == "input-bound" and item.profile.wait.prefetch == ()
     assert item.recommendations[0].cause == "sequential-map"
     prefetch = next(r for r in item.recommendations if r.cause == "no-prefetch")
     assert prefetch.estimated_gain >= 1.0 and "MapAndBatch" in prefetch.evidence
@@ -179,7 +179,7 @@ def test_a_prefetch_below_the_root_does_not_hide_the_one_missing_at_the_root(pro
     """A prefetch written before .shuffle().batch() makes elements ahead; the batches are still made while the model
     waits, so the fix at the root is found, estimated on the wait above the deeper prefetch."""
     item = _only_run(profiled("prefetch_before_batch"))
-    assert [p["path"].split("::")[-2:] for p in item.profile.wait.prefetch] == [["Shuffle", "Prefetch"]]
+    assert [p.path.split("::")[-2:] for p in item.profile.wait.prefetch] == [["Shuffle", "Prefetch"]]
     prefetch = _structural(item)["no-prefetch"]
     assert prefetch.stage.endswith("BatchV2") and "runs only what lies below it ahead" in prefetch.evidence
 
@@ -270,7 +270,7 @@ def test_a_process_descheduled_mid_step_is_a_stall_not_per_step_overhead(tmp_pat
     wait = item.profile.wait
     stopped_per_step = 2 * 150.0 / wait.steps
     assert wait.stall_ms >= 0.8 * stopped_per_step, wait.stall
-    assert wait.stall["stretched_steps"] >= 2
+    assert wait.stall.stretched_steps >= 2
     small = next((r for r in item.recommendations if r.cause == "small-batch"), None)
     assert small is None or small.removes_ms < 0.25 * stopped_per_step, small
     text = diagnose.render(Diagnosis("", {".": item}))
@@ -335,25 +335,25 @@ def _xla(item):
 
 def _unrecorded(item) -> bool:
     """TensorFlow 2.17's XLA on a CPU records no event (the container stack): diagnose says so (diagnose/xla.py)."""
-    return not _xla(item).get("recorded", True)
+    return not _xla(item).recorded
 
 
 def _check_unrecorded(item, churns: bool) -> None:
     """What an XLA that records nothing still allows: the note that says so, no gain estimated from the step's time
     outside input wait (compute, compiling and overhead together), and the shapes that churn, where they do."""
     xla = _xla(item)
-    assert xla["used"] and xla["executables"] >= 1 and xla["compiles"] == 0, xla
+    assert xla.used and xla.executables >= 1 and xla.compiles == 0, xla
     causes = {r.cause for r in item.recommendations}
     assert not causes & {"recompilation", "small-batch", "per-step-overhead"}, item.recommendations
     (note,) = [n for n in item.notes if n.startswith(xla_figures.UNRECORDED)]
-    assert "no gain is estimated" in note and f"{xla['executables']} executables of the step" in note
+    assert "no gain is estimated" in note and f"{xla.executables} executables of the step" in note
     assert ("compiles the step again" in note) == churns, note
 
 
 def _xla_runs_ms(item) -> float:
     """The mean time per analysed step in which XLA ran the compiled step, straight from the trace's events."""
     wait = item.profile.wait
-    names = {row["step"] for row in wait.per_step}
+    names = {row.step for row in wait.per_step}
     trace = hosttrace.load(next(Path(item.profile.session).glob("*.xplane.pb")))
     try:
         windows = [(e.ts, e.end) for e in trace.events if e.name in names]
@@ -372,15 +372,15 @@ def test_a_step_compiled_again_for_every_new_shape_ranks_recompilation_first(pro
     assert item.verdict == "host-bound", item.verdict
     if _unrecorded(item):
         return _check_unrecorded(item, churns=True)
-    assert xla["used"] and xla["churn"] and xla["compile_steps"] >= wait.steps / 2, xla
-    assert xla["compiles"] >= xla["compile_steps"] and xla["shapes"] >= xla["compiles"] and xla["programs"] >= 2
+    assert xla.used and xla.churn and xla.compile_steps >= wait.steps / 2, xla
+    assert xla.compiles >= xla.compile_steps and xla.shapes >= xla.compiles and xla.programs >= 2
     assert wait.compile_ms >= 0.5 * working_step(wait) and wait.overhead_ms < wait.compile_ms / 5
-    assert wait.compute_ms > 0 and xla["runs_per_step"] >= 0.9  # the executable's run is the model's compute
+    assert wait.compute_ms > 0 and xla.runs_per_step >= 0.9  # the executable's run is the model's compute
     assert item.profile.breakdown.compile_ms == wait.compile_ms  # the trace's, where xprof's is 0
     first = item.recommendations[0]
     assert first.cause == "recompilation" and first.removes_ms == pytest.approx(wait.compile_ms, abs=0.01)
-    shapes = xla["shapes"]
-    said = f"{xla['compiles']} compiles of {shapes} distinct shapes in {wait.steps} steps"
+    shapes = xla.shapes
+    said = f"{xla.compiles} compiles of {shapes} distinct shapes in {wait.steps} steps"
     assert said in first.evidence and "ms each" in first.evidence and "s32[32," in first.evidence
     for fix in ("bucket_by_sequence_length", "pad_to_bucket_boundary=True", "padded_batch", "drop_remainder=True"):
         assert fix in first.fix, fix
@@ -397,15 +397,15 @@ def test_a_fixed_shape_xla_pipeline_reads_as_its_steady_state(profiled):
     wait, xla = item.profile.wait, _xla(item)
     if _unrecorded(item):
         return _check_unrecorded(item, churns=False)
-    assert xla["used"] and not xla["churn"] and xla["compiles"] == 0 and wait.compile_ms == 0.0, xla
-    assert xla["programs"] <= 5 and xla["shapes"] <= 5 and xla["runs_per_step"] >= 0.9
+    assert xla.used and not xla.churn and xla.compiles == 0 and wait.compile_ms == 0.0, xla
+    assert xla.programs <= 5 and xla.shapes <= 5 and xla.runs_per_step >= 0.9
     # The executable's runs are the model's compute, but for the time the process was descheduled in them (a stall).
     assert wait.compute_ms + (wait.stall_ms or 0.0) >= 0.9 * _xla_runs_ms(item) > 0
-    assert len(xla["ran_shapes"]) == xla["programs"] and all(s.startswith("s32[32,") for s in xla["ran_shapes"])
+    assert len(xla.ran_shapes) == xla.programs and all(s.startswith("s32[32,") for s in xla.ran_shapes)
     assert "recompilation" not in {r.cause for r in item.recommendations}
     notes = " ".join(item.notes)
-    if xla["warm_up"]:
-        assert wait.steps + xla["warm_up"]["steps"] <= user_pipelines.STEPS + 1 and "XLA warm-up" in notes
+    if xla.warm_up:
+        assert wait.steps + xla.warm_up.steps <= user_pipelines.STEPS + 1 and "XLA warm-up" in notes
     else:
         assert "none compiled in the window" in notes
     small = next((r for r in item.recommendations if r.cause == "small-batch"), None)
@@ -419,7 +419,7 @@ def test_the_text_pipelines_without_xla_say_nothing_of_compiling(profiled):
     for case in ("text_bucketed", "text_padded"):
         item = _only_run(profiled(case))
         wait = item.profile.wait
-        assert not _xla(item)["used"] and wait.compile_ms == 0.0 and item.profile.breakdown.compile_ms == 0.0
+        assert not _xla(item).used and wait.compile_ms == 0.0 and item.profile.breakdown.compile_ms == 0.0
         assert "recompilation" not in {r.cause for r in item.recommendations}
         shapes_note = [n for n in item.notes if "distinct batch shapes" in n]
         assert bool(shapes_note) == (case == "text_padded"), item.notes

@@ -357,10 +357,10 @@ def test_device_figures_equal_a_direct_count_of_the_device_plane(gpu_profile):
         busy += input_wait._clip_union(intervals, lo, hi)
     n = len(steps.windows)
     device = wait.device
-    assert device["busy_ms"] == pytest.approx(busy / n / 1e3, abs=1e-3)
-    assert device["kernels_per_step"] == pytest.approx(kernels / n, abs=0.05)
-    assert device["h2d_ms"] == pytest.approx(h2d / n / 1e3, abs=1e-3)
-    assert device["launch_ms"] > 0 and 0 < busy < sum(hi - lo for lo, hi in steps.windows)
+    assert device.busy_ms == pytest.approx(busy / n / 1e3, abs=1e-3)
+    assert device.kernels_per_step == pytest.approx(kernels / n, abs=0.05)
+    assert device.h2d_ms == pytest.approx(h2d / n / 1e3, abs=1e-3)
+    assert device.launch_ms > 0 and 0 < busy < sum(hi - lo for lo, hi in steps.windows)
     assert not _numpy_values(diagnose.diagnose(gpu_profile.parents[3]).to_json()), (
         "figures must be plain Python numbers"
     )
@@ -567,6 +567,6 @@ def test_gpu_shaped_profiles_of_hundreds_of_mb_are_read_in_memory_that_grows_sub
     # compute, and a step whose compute grew far above the others' counts as stretched.)
     grown, base_wait = large.profile.wait, small.profile.wait
     assert grown.input_ms == base_wait.input_ms and grown.step_ms == base_wait.step_ms
-    assert grown.stall["gaps_ms"] <= base_wait.stall["gaps_ms"]
-    assert large.profile.wait.device["kernels_per_step"] >= made["kernels_per_step_per_device"]
+    assert grown.stall.gaps_ms <= base_wait.stall.gaps_ms
+    assert large.profile.wait.device.kernels_per_step >= made["kernels_per_step_per_device"]
     assert 0 < large.profile.device_busy_percent < 100

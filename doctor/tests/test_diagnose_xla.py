@@ -121,10 +121,10 @@ def test_a_step_compiled_for_every_new_shape_on_cpu(churning):
     item = _only(churning.parents[3])
     wait = item.profile.wait
     seen = wait.xla
-    assert seen["churn"] and seen["compile_steps"] >= wait.steps - 1 and seen["shapes"] >= wait.steps - 1
-    assert seen["compile_each_ms"] > seen["lowering_each_ms"] > 0  # the lowering before XLA's first event
+    assert seen.churn and seen.compile_steps >= wait.steps - 1 and seen.shapes >= wait.steps - 1
+    assert seen.compile_each_ms > seen.lowering_each_ms > 0  # the lowering before XLA's first event
     assert item.recommendations[0].cause == "recompilation" and item.verdict == "host-bound"
-    assert len(seen["ran_shapes"]) == seen["programs"] and all(s.startswith("s32[8,") for s in seen["ran_shapes"])
+    assert len(seen.ran_shapes) == seen.programs and all(s.startswith("s32[8,") for s in seen.ran_shapes)
 
 
 def test_gpu_shaped_xla_steps_count_their_kernels_as_device_compute_and_compiling_as_host_time(churning, tmp_path):
@@ -136,8 +136,8 @@ def test_gpu_shaped_xla_steps_count_their_kernels_as_device_compute_and_compilin
     profile, wait = item.profile, item.profile.wait
     seen = wait.xla
     assert profile.hardware_type == "GPU" and item.device.busy_percent is not None, item.device
-    assert wait.device["kernels_per_step"] >= 10 and 0 < wait.device["busy_ms"] < seen["compile_each_ms"]
-    assert 0.9 <= seen["runs_per_step"] <= 1.1 and seen["compiles"] >= wait.steps - 1 and seen["churn"], seen
+    assert wait.device.kernels_per_step >= 10 and 0 < wait.device.busy_ms < seen.compile_each_ms
+    assert 0.9 <= seen.runs_per_step <= 1.1 and seen.compiles >= wait.steps - 1 and seen.churn, seen
     assert wait.compile_ms >= 0.5 * wait.step_ms and profile.breakdown.compile_ms == wait.compile_ms
     assert item.device.busy_percent < 50 and item.verdict == "host-bound"
     first = item.recommendations[0]
@@ -156,11 +156,11 @@ def test_a_trace_without_compile_events_says_what_it_cannot_see(churning, tmp_pa
         unnamed = {name: f"unnamed pass {i}" for i, name in enumerate(names) if tf_names.XLA_COMPILES.match(name)}
     item = _only(_gpu_shaped(churning, tmp_path, unnamed).parents[3])
     seen = item.profile.wait.xla
-    assert seen["used"] and seen["compiles"] == 0 and item.profile.wait.compile_ms == 0.0
+    assert seen.used and seen.compiles == 0 and item.profile.wait.compile_ms == 0.0
     causes = {r.cause for r in item.recommendations}
     assert not causes & {"recompilation", "small-batch", "per-step-overhead"}, item.recommendations
     (note,) = [n for n in item.notes if "none compiled in the window" in n]
-    assert "no gain is estimated" in note and "distinct batch shapes" in note and f"{seen['executables']} XLA" in note
+    assert "no gain is estimated" in note and "distinct batch shapes" in note and f"{seen.executables} XLA" in note
 
 
 def test_a_window_after_every_compile_names_the_executables_it_ran(warm):
@@ -168,9 +168,9 @@ def test_a_window_after_every_compile_names_the_executables_it_ran(warm):
     item = _only(warm.parents[3])
     wait = item.profile.wait
     seen = wait.xla
-    assert seen["used"] and seen["compiles"] == 0 and not seen["warm_up"] and not seen["churn"]
-    assert seen["programs"] == 2 and seen["ran_shapes"] == ["s32[8,16]", "s32[8,32]"], seen
-    assert seen["executables"] == 2 and sorted(seen["compiled_shapes"]) == seen["ran_shapes"]
+    assert seen.used and seen.compiles == 0 and not seen.warm_up and not seen.churn
+    assert seen.programs == 2 and seen.ran_shapes == ("s32[8,16]", "s32[8,32]"), seen
+    assert seen.executables == 2 and tuple(sorted(seen.compiled_shapes)) == seen.ran_shapes
     assert "recompilation" not in {r.cause for r in item.recommendations}
     (note,) = [n for n in item.notes if "none compiled in the window" in n]
     assert note.startswith("2 XLA executables in the process (compiled for s32[8,16], s32[8,32]")
@@ -193,8 +193,8 @@ def test_an_xla_that_records_no_event_says_so(churning, warm):
     for capture, churns in ((churning, True), (warm, False)):
         item = _only(capture.parents[3])
         seen = item.profile.wait.xla
-        assert seen["used"] and seen["recorded"] is False and seen["compiles"] == 0, seen
-        assert all(s.startswith("s32[8,") for s in seen["compiled_shapes"]) and seen["executables"] >= 2, seen
+        assert seen.used and seen.recorded is False and seen.compiles == 0, seen
+        assert all(s.startswith("s32[8,") for s in seen.compiled_shapes) and seen.executables >= 2, seen
         causes = {r.cause for r in item.recommendations}
         assert not causes & {"recompilation", "small-batch", "per-step-overhead"}, item.recommendations
         (note,) = [n for n in item.notes if n.startswith(xla.UNRECORDED)]

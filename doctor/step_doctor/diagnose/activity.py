@@ -35,6 +35,7 @@ import numpy as np
 
 from step_doctor.diagnose import hosttrace, xspace
 from step_doctor.diagnose.tf_names import XLA_RUNS
+from step_doctor.diagnose.wait_record import DeviceFigures
 
 HOST_OPS, LAUNCHES, WORK, WAITS = 0, 1, 2, 3  # WORK: any other event on a thread of the step but its caller's
 STALL_GAP_US = 1000.0  # a gap in the step's recorded work this long is no hand-off between threads (see above)
@@ -222,7 +223,7 @@ def measure(trace: hosttrace.HostTrace, windows: list[tuple[float, float]], wait
             unsorted.add(id(error.line))
 
 
-def device_figures(work: dict, n: int) -> dict | None:
+def device_figures(work: dict, n: int) -> DeviceFigures | None:
     """Per analysed step, averaged over the devices: kernel busy time, kernels, copies; host launch time."""
     devices = work["devices"]
     if not devices:
@@ -231,15 +232,15 @@ def device_figures(work: dict, n: int) -> dict | None:
     def mean(key: str) -> float:
         return float(sum(d[key].sum() for d in devices)) / len(devices) / n
 
-    return {
-        "devices": [d["name"] for d in devices],
-        "busy_ms": round(mean("busy_us") / 1e3, 3),
-        "kernels_per_step": round(mean("kernels"), 1),
-        "h2d_ms": round(mean("h2d_us") / 1e3, 3),
-        "d2h_ms": round(mean("d2h_us") / 1e3, 3),
-        "d2d_ms": round(mean("d2d_us") / 1e3, 3),
-        "launch_ms": round(float(work["launch_us"].sum()) / n / 1e3, 3),
-    }
+    return DeviceFigures(
+        devices=tuple(d["name"] for d in devices),
+        busy_ms=round(mean("busy_us") / 1e3, 3),
+        kernels_per_step=round(mean("kernels"), 1),
+        h2d_ms=round(mean("h2d_us") / 1e3, 3),
+        d2h_ms=round(mean("d2h_us") / 1e3, 3),
+        d2d_ms=round(mean("d2d_us") / 1e3, 3),
+        launch_ms=round(float(work["launch_us"].sum()) / n / 1e3, 3),
+    )
 
 
 def _pieces(lo: np.ndarray, hi: np.ndarray, waits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -205,7 +205,7 @@ def _profile(xprof: dict | None, wait: Wait, steps, planes_say: str, **about) ->
     device = wait.device if measured else None
     # XLA compiling in the steps: xprof never classifies a TensorFlow host event as compile (on a CPU it is host
     # compute; a GPU profile's step time leaves it out), and its figures count the warm-up steps left out here
-    compiled = measured and bool(wait.compile_ms or (wait.xla or {}).get("warm_up"))
+    compiled = measured and bool(wait.compile_ms or wait.xla.warm_up)
     if xprof and has_markers and not compiled:
         figures = xprof["figures"]
     elif measured:  # no step xprof can see, or xprof not run: the breakdown of the steps, from the trace
@@ -219,10 +219,10 @@ def _profile(xprof: dict | None, wait: Wait, steps, planes_say: str, **about) ->
         )
         if device:
             figures.update(
-                device_compute_ms=device["busy_ms"],
-                kernel_launch_ms=device["launch_ms"],
-                device_to_device_ms=device["d2d_ms"],
-                output_ms=device["d2h_ms"],
+                device_compute_ms=device.busy_ms,
+                kernel_launch_ms=device.launch_ms,
+                device_to_device_ms=device.d2d_ms,
+                output_ms=device.d2h_ms,
             )
     else:
         figures = xprof["figures"] if xprof else dict.fromkeys(STEP_FIELDS, 0.0)
@@ -258,15 +258,15 @@ def _slow_stages(wait: Wait, top: int = 5) -> tuple[SlowStage, ...]:
     input_ms = wait.input_ms or 0.0
     stages = [
         SlowStage(
-            name=s["path"],
-            stage=s["kind"],
-            self_time_ms=round(s["blocking_ms"] + s["fill_ms"], 3),
-            self_time_percent=round(100 * (s["blocking_ms"] + s["fill_ms"]) / input_ms, 1) if input_ms else 0.0,
-            step_percent=round(100 * (s["blocking_ms"] + s["fill_ms"]) / wait.step_ms, 1),
-            count=int(round(s["calls_per_step"] * _steps(wait))),
+            name=s.path,
+            stage=s.kind,
+            self_time_ms=round(s.blocking_ms + s.fill_ms, 3),
+            self_time_percent=round(100 * (s.blocking_ms + s.fill_ms) / input_ms, 1) if input_ms else 0.0,
+            step_percent=round(100 * (s.blocking_ms + s.fill_ms) / wait.step_ms, 1),
+            count=int(round(s.calls_per_step * _steps(wait))),
         )
         for s in wait.stages
-        if not s["pass_through"] and s["blocking_ms"] + s["fill_ms"] > 0
+        if not s.pass_through and s.blocking_ms + s.fill_ms > 0
     ]
     stages.sort(key=lambda s: s.self_time_ms, reverse=True)
     return tuple(stages[:top])

@@ -12,7 +12,7 @@ from functools import cached_property
 from step_doctor.diagnose import stages as st
 from step_doctor.diagnose.recommendation import Causes, ms, pct
 from step_doctor.diagnose.stalls import left_out, working_step
-from step_doctor.diagnose.wait_record import InputWait
+from step_doctor.diagnose.wait_record import InputWait, Stage, StageFunctions
 
 ASSUMED_CORES = 2  # where the profile does not record tf.data's cores (cpu_budget on its Root iterator)
 
@@ -26,7 +26,7 @@ class Pipeline:
     causes: Causes
 
     @property
-    def stages(self) -> list[dict]:
+    def stages(self) -> tuple[Stage, ...]:
         return self.wait.stages
 
     @property
@@ -81,7 +81,7 @@ class Blame:
     pipeline: Pipeline
 
     @property
-    def head(self) -> dict:
+    def head(self) -> Stage:
         return self.unit.head
 
     @property
@@ -89,8 +89,8 @@ class Blame:
         return self.unit.blocking_ms
 
     @property
-    def fn(self) -> dict | None:
-        return self.head["functions"]
+    def fn(self) -> StageFunctions | None:
+        return self.head.functions
 
     @cached_property
     def shares(self) -> dict:
@@ -98,7 +98,7 @@ class Blame:
 
     @property
     def concurrency(self) -> float:
-        return (self.fn or {}).get("concurrency") or 1.0
+        return (self.fn.concurrency if self.fn else None) or 1.0
 
     @property
     def text(self) -> str:
@@ -107,7 +107,7 @@ class Blame:
 
     @property
     def parallelism(self):
-        return self.head["params"].get("parallelism")
+        return self.head.params.get("parallelism")
 
     @property
     def ran(self) -> str:
@@ -120,7 +120,7 @@ class Blame:
     @property
     def worked(self) -> float:
         """The part of the wait the stage's own function work explains: its blame, at most that work's wall time."""
-        return min(self.ms, self.fn["wall_ms"]) if self.fn else self.ms
+        return min(self.ms, self.fn.wall_ms) if self.fn else self.ms
 
     @property
     def counted(self) -> str:
@@ -140,7 +140,7 @@ class Blame:
         return self.worked * max(1 - self.concurrency / self.pipeline.cores, 0.0)
 
     def add(self, cause, title, removes_ms, evidence, fix, caveat=None) -> None:
-        self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head["path"])
+        self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head.path)
 
     @property
     def cache_line(self) -> str:

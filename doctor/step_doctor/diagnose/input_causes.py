@@ -11,11 +11,13 @@ apart, the recommendation says so.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from step_doctor.diagnose import input_wait as iw
 from step_doctor.diagnose import stages as st
 from step_doctor.diagnose.blame import Blame, Pipeline
 from step_doctor.diagnose.recommendation import CORRECTNESS, Causes, gain, ms, pct
-from step_doctor.diagnose.wait_record import InputWait, Wait
+from step_doctor.diagnose.wait_record import InputWait, Stage, Wait
 
 
 def input_causes(wait: Wait, cpu_only: bool, causes: Causes) -> None:
@@ -26,7 +28,7 @@ def input_causes(wait: Wait, cpu_only: bool, causes: Causes) -> None:
     for unit in st.units(p.stages):
         blocking_stage(Blame(unit, p))
     for s in p.stages:
-        if s["fill_ms"] > 0:
+        if s.fill_ms > 0:
             shuffle_buffer_refill(s, p)
     cache_after_augmentation(p)
     no_prefetch(p)
@@ -35,16 +37,16 @@ def input_causes(wait: Wait, cpu_only: bool, causes: Causes) -> None:
 def blocking_stage(b: Blame) -> None:
     """The cause the stage that holds the step stands for."""
     head, stages = b.head, b.pipeline.stages
-    if head["kind"] == "Generator":
+    if head.kind == "Generator":
         return python_generator(b)
     opens = st.is_opener(head)
-    inside = [o for o in stages if o is head or (opens and st.under(o["path"], head["path"]))]
-    readers = [o for o in inside if o["kind"] in iw.READERS]
+    inside = [o for o in stages if o is head or (opens and st.under(o.path, head.path))]
+    readers = [o for o in inside if o.kind in iw.READERS]
     if readers:
-        reader = max(readers, key=lambda o: o["busy_ms"])
-        parallel = head["kind"] in iw.ASYNC or reader["threads"] > 1
+        reader = max(readers, key=lambda o: o.busy_ms)
+        parallel = head.kind in iw.ASYNC or reader.threads > 1
         return slow_file_reads(b, reader) if parallel else sequential_file_reads(b, reader)
-    if head["kind"] not in iw.FUNCTION_STAGES or not b.fn:
+    if head.kind not in iw.FUNCTION_STAGES or not b.fn:
         return slow_stage(b)
     if b.shares.get("python", 0.0) >= 0.5:
         return python_in_map(b)
@@ -97,9 +99,9 @@ def python_tokenizer(b: Blame) -> str | None:
     element shapes and types the trace records, stages.token_ids); None where it does not, or the trace cannot tell."""
     if not b.fn or not st.token_ids(b.head):
         return None
-    if b.head["kind"] == "Generator":
+    if b.head.kind == "Generator":
         return "Dataset.from_generator runs your Python one element at a time"
-    if b.head["kind"] in iw.FUNCTION_STAGES and b.shares.get("python", 0.0) >= 0.5:
+    if b.head.kind in iw.FUNCTION_STAGES and b.shares.get("python", 0.0) >= 0.5:
         sequential = "; written without num_parallel_calls" if st.written_sequential_map(b.head) else ""
         return (
             f"{b.shares['python']:.0%} of its function's op time is Python (PyFunc ops: tf.py_function / "
@@ -125,13 +127,13 @@ def python_tokenization(b: Blame) -> None:
     )
 
 
-def sequential_file_reads(b: Blame, reader: dict) -> None:
+def sequential_file_reads(b: Blame, reader: Stage) -> None:
     b.add(
         "sequential-file-reads",
         "Files are read one after another",
         b.ms * (1 - 1 / b.pipeline.cores),
-        f"{b.text}: {reader['kind']} readers inside {b.head['kind']} opened {reader['instances']} file(s) during the "
-        f"profile and read them one after another on one thread ({ms(reader['busy_ms'])} of reading per step)",
+        f"{b.text}: {reader.kind} readers inside {b.head.kind} opened {reader.instances} file(s) during the "
+        f"profile and read them one after another on one thread ({ms(reader.busy_ms)} of reading per step)",
         "Read several files at once: `tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)`, or "
         "`tf.data.Dataset.from_tensor_slices(files).interleave(tf.data.TFRecordDataset, cycle_length=8, "
         "num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)`. "
@@ -143,13 +145,13 @@ def sequential_file_reads(b: Blame, reader: dict) -> None:
     )
 
 
-def slow_file_reads(b: Blame, reader: dict) -> None:
+def slow_file_reads(b: Blame, reader: Stage) -> None:
     b.add(
         "slow-file-reads",
         "Reading files is slow even in parallel",
         b.ms,
-        f"{b.text}: {reader['kind']} readers under {b.head['kind']} read {reader['instances']} file(s) on "
-        f"{reader['threads']} threads",
+        f"{b.text}: {reader.kind} readers under {b.head.kind} read {reader.instances} file(s) on "
+        f"{reader.threads} threads",
         "Read once and keep: `.cache()` after decoding (or `.cache(filename)` on local disk), fewer and larger "
         "shards (100-200 MB), uncompressed records on fast local disk. In this template: pipeline.cache: auto.",
         "Estimate: the reads vanish after the first epoch under a cache. The trace cannot tell storage latency "
@@ -160,7 +162,7 @@ def slow_file_reads(b: Blame, reader: dict) -> None:
 def slow_stage(b: Blame) -> None:
     b.add(
         "slow-stage",
-        f"The {b.head['kind']} stage holds the step",
+        f"The {b.head.kind} stage holds the step",
         b.ms * 0.5,
         f"{b.text}, work of its own (no function of yours ran in it)",
         "Measure that stage alone (iterate the dataset without the model) and move it before `.cache()` or after "
@@ -286,29 +288,27 @@ def heavy_map(b: Blame) -> None:
     )
 
 
-def shuffle_buffer_refill(s: dict, p: Pipeline) -> None:
-    below = [o for o in p.stages if st.under(o["path"], s["path"]) and o["functions"]]
-    work = ", ".join(
-        f"{o['kind']} ({', '.join(f'{op} {ms(t)}' for op, t in o['functions']['top_ops'][:2])})" for o in below[:2]
-    )
+def shuffle_buffer_refill(s: Stage, p: Pipeline) -> None:
+    below = [o for o in p.stages if st.under(o.path, s.path) and o.functions]
+    work = ", ".join(f"{o.kind} ({', '.join(f'{op} {ms(t)}' for op, t in o.functions.top_ops[:2])})" for o in below[:2])
     # Shuffling earlier removes the burst, not the work: each element is still decoded once per epoch, now in
     # the steady state, spread over the cores.
-    redone = sum(o["functions"]["work_ms"] for o in below) / p.cores
+    redone = sum(o.functions.work_ms for o in below) / p.cores
     size = ""
-    if s["element_mb"]:
-        buffer = s["params"].get("buffer_size")
-        total = f", about {s['element_mb'] * float(buffer):.0f} MB in all" if str(buffer).isdigit() else ""
-        size = f"; each buffered element takes {s['element_mb']:.2f} MB{total}"
-    tokenizer = next((o for o in below if python_tokenizer(Blame(st.Unit(o, [o], o["blocking_ms"]), p))), None)
+    if s.element_mb:
+        buffer = s.params.get("buffer_size")
+        total = f", about {s.element_mb * float(buffer):.0f} MB in all" if str(buffer).isdigit() else ""
+        size = f"; each buffered element takes {s.element_mb:.2f} MB{total}"
+    tokenizer = next((o for o in below if python_tokenizer(Blame(st.Unit(o, [o], o.blocking_ms), p))), None)
     if tokenizer is not None:
         return _shuffle_of_python_tokens(s, p, tokenizer, work, size)
     p.causes.add(
         "shuffle-buffer-refill",
         "A shuffle buffer of expensive elements is refilled",
-        max(s["fill_ms"] - redone, 0.0),
-        f"{ms(s['fill_ms'])} per step ({pct(s['fill_ms'], p.step)} of step time) waits while {st.name(s)} fills "
-        f"its buffer of {s['params'].get('buffer_size', '?')} elements: {s['fills']} fill(s) in the profile (each new "
-        f"iterator, e.g. every epoch), {s['pulled_per_fill']:.0f} elements pulled one by one"
+        max(s.fill_ms - redone, 0.0),
+        f"{ms(s.fill_ms)} per step ({pct(s.fill_ms, p.step)} of step time) waits while {st.name(s)} fills "
+        f"its buffer of {s.params.get('buffer_size', '?')} elements: {s.fills} fill(s) in the profile (each new "
+        f"iterator, e.g. every epoch), {s.pulled_per_fill:.0f} elements pulled one by one"
         + (f" through {work}" if work else "")
         + size,
         "Shuffle before the expensive work, so the buffer holds file names or encoded records: "
@@ -324,40 +324,40 @@ def shuffle_buffer_refill(s: dict, p: Pipeline) -> None:
         f"Estimate: the fills vanish and their work ({ms(redone * p.cores)} of CPU per step) is done in the steady "
         f"state instead, over {p.cores_words}. Shuffling file names shuffles less finely within a file (not at all "
         "for one image per file).",
-        stage=s["path"],
+        stage=s.path,
     )
 
 
-def _shuffle_of_python_tokens(s: dict, p: Pipeline, tokenizer: dict, work: str, size: str) -> None:
+def _shuffle_of_python_tokens(s: Stage, p: Pipeline, tokenizer: Stage, work: str, size: str) -> None:
     """A shuffle buffer filled from Python tokenization: tokenized once, it fills from token ids read back."""
     p.causes.add(
         "shuffle-buffer-refill",
         "A shuffle buffer is refilled from Python tokenization",
-        s["fill_ms"],
-        f"{ms(s['fill_ms'])} per step ({pct(s['fill_ms'], p.step)} of step time) waits while {st.name(s)} fills "
-        f"its buffer of {s['params'].get('buffer_size', '?')} elements: {s['fills']} fill(s) in the profile (each new "
-        f"iterator, e.g. every epoch), {s['pulled_per_fill']:.0f} elements pulled one by one through {work}, "
+        s.fill_ms,
+        f"{ms(s.fill_ms)} per step ({pct(s.fill_ms, p.step)} of step time) waits while {st.name(s)} fills "
+        f"its buffer of {s.params.get('buffer_size', '?')} elements: {s.fills} fill(s) in the profile (each new "
+        f"iterator, e.g. every epoch), {s.pulled_per_fill:.0f} elements pulled one by one through {work}, "
         f"tokenized in Python by {st.name(tokenizer)} ({st.token_ids(tokenizer)}: token ids){size}",
         TOKENIZE_ONCE + " The buffer then fills from token ids read back, which costs little.",
         "Estimate: the fill's Python work leaves the steps (reading the ids back is not counted).",
-        stage=s["path"],
+        stage=s.path,
     )
 
 
 def cache_after_augmentation(p: Pipeline) -> None:
-    for cache in (s for s in p.stages if "Cache" in s["kind"] or s["kind"].startswith("Snapshot")):
+    for cache in (s for s in p.stages if "Cache" in s.kind or s.kind.startswith("Snapshot")):
         for s in p.stages:
-            fn = s["functions"]
-            if not st.under(s["path"], cache["path"]) or not fn or not fn["ops_ms"].get("augmentation"):
+            fn = s.functions
+            if not st.under(s.path, cache.path) or not fn or not fn.ops_ms.get("augmentation"):
                 continue
-            ops = [op for op, _ in fn["top_ops"] if iw.op_category(op) == "augmentation"]
+            ops = [op for op, _ in fn.top_ops if iw.op_category(op) == "augmentation"]
             p.causes.add(
                 "cache-after-augmentation",
                 "cache() stores augmented examples",
                 0.0,
                 f"{st.name(cache)} caches the output of {st.name(s)}, whose function ran augmentation ops "
-                f"({', '.join(ops) or 'augmentation'}: {ms(fn['ops_ms']['augmentation'])} per step) and was being "
-                f"cached in this profile ({pct(s['blocking_ms'], p.step)} of step time waits on it): if those ops are "
+                f"({', '.join(ops) or 'augmentation'}: {ms(fn.ops_ms['augmentation'])} per step) and was being "
+                f"cached in this profile ({pct(s.blocking_ms, p.step)} of step time waits on it): if those ops are "
                 "random (tf.image.random_*, Keras random layers), every epoch after the first replays the first "
                 "epoch's augmented examples, and the model sees no new augmentation",
                 "Cache before the random ops: "
@@ -369,32 +369,30 @@ def cache_after_augmentation(p: Pipeline) -> None:
                 "(tf.image.flip_left_right is not): check the function. After the move, the augmentation runs every "
                 "epoch.",
                 kind=CORRECTNESS,
-                stage=s["path"],
+                stage=s.path,
             )
             return
 
 
-def root_stage(stages: list[dict]) -> dict | None:
+def root_stage(stages: Sequence[Stage]) -> Stage | None:
     """The stage the model reads from: the first under Root that does work of its own."""
-    return next((s for s in stages if s["path"].count("::") >= 1 and not s["pass_through"]), None)
+    return next((s for s in stages if s.path.count("::") >= 1 and not s.pass_through), None)
 
 
-def prefetched(stage: dict, stages: list[dict]) -> bool:
+def prefetched(stage: Stage, stages: Sequence[Stage]) -> bool:
     """Whether a Prefetch (yours or injected by tf.data) runs `stage` ahead of its consumer."""
-    return any(o["kind"] == "Prefetch" and st.under(stage["path"], o["path"]) for o in stages)
+    return any(o.kind == "Prefetch" and st.under(stage.path, o.path) for o in stages)
 
 
 def no_prefetch(p: Pipeline) -> None:
     """Nothing runs ahead of the model at the root: its stage is synchronous and no Prefetch sits above it."""
     top = root_stage(p.stages)
-    if p.input_ms <= 0 or top is None or top["async"] or prefetched(top, p.stages):
+    if p.input_ms <= 0 or top is None or top.asynchronous or prefetched(top, p.stages):
         return  # the stage the model reads from already runs ahead of it
-    deeper = [s for s in p.stages if s["kind"] == "Prefetch"]
+    deeper = [s for s in p.stages if s.kind == "Prefetch"]
     if deeper:  # a prefetch further down (before .batch(), say) already overlaps what lies below it
-        above = sum(
-            s["blocking_ms"] + s["fill_ms"] for s in p.stages if not s["pass_through"] and not prefetched(s, p.stages)
-        )
-        where = f"the Prefetch at {deeper[0]['path']} runs only what lies below it ahead"
+        above = sum(s.blocking_ms + s.fill_ms for s in p.stages if not s.pass_through and not prefetched(s, p.stages))
+        where = f"the Prefetch at {deeper[0].path} runs only what lies below it ahead"
     else:
         above = p.input_ms
         autotune = " (autotune is off, so tf.data injected none)" if p.wait.autotune is False else ""
@@ -412,5 +410,5 @@ def no_prefetch(p: Pipeline) -> None:
             if p.cpu_only
             else ""
         ),
-        stage=top["path"],
+        stage=top.path,
     )

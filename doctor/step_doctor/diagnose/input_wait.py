@@ -49,7 +49,15 @@ from step_doctor.diagnose.tf_names import (  # noqa: F401 (the causes read these
     kind_of,
     op_category,
 )
-from step_doctor.diagnose.wait_record import InputWait, Unmeasured, Wait
+from step_doctor.diagnose.wait_record import (
+    InputWait,
+    PrefetchStage,
+    Stage,
+    StageFunctions,
+    StepFigures,
+    Unmeasured,
+    Wait,
+)
 
 
 def _op_type(event: Event) -> str:
@@ -217,7 +225,6 @@ def analyze(trace: HostTrace, steps: Steps | None) -> Wait:
     if steps is None or not steps.windows:
         return Unmeasured("the profile shows no training steps")
     windows = steps.windows
-    n = len(windows)
     lo_all, hi_all = windows[0][0], windows[-1][1]
     waits_per_step, wait_events = _waits(trace, windows)
     step_us = [hi - lo for lo, hi in windows]
@@ -259,17 +266,12 @@ def analyze(trace: HostTrace, steps: Steps | None) -> Wait:
 
     _functions(trace, tree, stages, lo_all, hi_all)
     work = activity.measure(trace, windows, sorted((e.ts, e.end) for e in wait_events))
-    getnext_floor = min((e.dur for e in wait_events), default=None)
     caller = stalls.caller_time(trace, windows, activity.pipeline_work(trace))
     gaps = (work["stall_us"].tolist(), work["stall_pipeline_us"].tolist())
     split = stalls.split(step_us, waits_per_step, work["compute_us"].tolist(), gaps, caller)
-    split["replicas"] = _replicas(windows, wait_events, roots_of)
-    report = _report(steps, stages, step_us, waits_per_step, wait_events, work["compute_us"].tolist(), getnext_floor, n)
-    xla.apply(report, xla.measure(trace, steps, report.compute_ms, report.step_ms))
-    stalls.apply(report, split)
-    report.host_compute_ms = round(float(work["host_compute_us"].sum()) / n / 1e3, 3)
-    report.device = activity.device_figures(work, n)
-    return report
+    return _record(
+        trace, steps, stages, waits_per_step, wait_events, work, split, _replicas(windows, wait_events, roots_of)
+    )
 
 
 def _replicas(windows, wait_events: list[Event], roots_of: dict) -> int:
@@ -355,7 +357,7 @@ def _user_ops(ops: set) -> list[str]:
     return sorted(set(found))
 
 
-def _functions_row(s: _Stage, n: int) -> dict | None:
+def _functions_row(s: _Stage, n: int) -> StageFunctions | None:
     """What the stage's function calls did per step: CPU, wall, calls at a time, threads, ops."""
     if not (s.fn_calls or s.fn_work):
         return None
@@ -364,68 +366,75 @@ def _functions_row(s: _Stage, n: int) -> dict | None:
     categories = Counter()
     for op_type, us in s.op_us.items():
         categories[op_category(op_type)] += us
-    return {
-        "calls_per_step": round(s.fn_calls / n, 1),
-        "work_ms": round(summed / n / 1e3, 3),
-        "wall_ms": round(work / n / 1e3, 3),
-        "concurrency": round(summed / work, 2) if work else None,
-        "threads": len(s.fn_threads),
-        "ops_ms": {k: round(v / n / 1e3, 3) for k, v in categories.most_common()},
-        "top_ops": [[k, round(v / n / 1e3, 3)] for k, v in s.op_us.most_common(5)],
-    }
+    return StageFunctions(
+        calls_per_step=round(s.fn_calls / n, 1),
+        work_ms=round(summed / n / 1e3, 3),
+        wall_ms=round(work / n / 1e3, 3),
+        concurrency=round(summed / work, 2) if work else None,
+        threads=len(s.fn_threads),
+        ops_ms={k: round(v / n / 1e3, 3) for k, v in categories.most_common()},
+        top_ops=tuple((k, round(v / n / 1e3, 3)) for k, v in s.op_us.most_common(5)),
+    )
 
 
-def _stage_row(s: _Stage, n: int, total_step: float) -> dict:
+def _stage_row(s: _Stage, n: int, total_step: float) -> Stage:
     element_mb = None
     try:
         if float(s.params.get("buffered_elements", 0)) > 0:
             element_mb = float(s.params["buffered_bytes_MB"]) / float(s.params["buffered_elements"])
     except (TypeError, ValueError, KeyError):
         element_mb = None
-    return {
-        "path": s.path,
-        "kind": s.kind,
-        "ops": sorted(s.ops),
-        "user_ops": _user_ops(s.ops),
-        "injected": any(op.startswith("inject/") for op in s.ops),
-        "params": {k: v for k, v in s.params.items() if k not in ("buffered_bytes_MB", "buffered_elements")},
-        "async": s.kind in ASYNC,
-        "pass_through": is_pass_through(s.kind),
-        "threads": len(s.threads),
-        "instances": len(s.ids),
-        "calls_per_step": round(s.calls / n, 1),
-        "busy_ms": round(s.busy_us / n / 1e3, 3),
-        "blocking_ms": round(s.blocking_us / n / 1e3, 3),
-        "blocking_percent": round(100 * s.blocking_us / total_step, 1),
-        "fill_ms": round(s.fill_us / n / 1e3, 3),
-        "fills": s.fills,
-        "pulled_per_fill": round(s.pulled / s.fills, 1) if s.fills else 0,
-        "element_mb": round(element_mb, 3) if element_mb is not None else None,
-        "functions": _functions_row(s, n),
-    }
+    return Stage(
+        path=s.path,
+        kind=s.kind,
+        ops=tuple(sorted(s.ops)),
+        user_ops=tuple(_user_ops(s.ops)),
+        injected=any(op.startswith("inject/") for op in s.ops),
+        params={k: v for k, v in s.params.items() if k not in ("buffered_bytes_MB", "buffered_elements")},
+        asynchronous=s.kind in ASYNC,
+        pass_through=is_pass_through(s.kind),
+        threads=len(s.threads),
+        instances=len(s.ids),
+        calls_per_step=round(s.calls / n, 1),
+        busy_ms=round(s.busy_us / n / 1e3, 3),
+        blocking_ms=round(s.blocking_us / n / 1e3, 3),
+        blocking_percent=round(100 * s.blocking_us / total_step, 1),
+        fill_ms=round(s.fill_us / n / 1e3, 3),
+        fills=s.fills,
+        pulled_per_fill=round(s.pulled / s.fills, 1) if s.fills else 0,
+        element_mb=round(element_mb, 3) if element_mb is not None else None,
+        functions=_functions_row(s, n),
+    )
 
 
-def _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, floor, n) -> InputWait:
-    total_step = sum(step_us)
-    mean_step = total_step / n
-    measured = bool(wait_events)
+def _settings(stages: dict[str, _Stage], rows: tuple[Stage, ...]) -> tuple[int | None, bool | None, int | None]:
+    """tf.data's cores (cpu_budget), whether autotune is on, and the batch size nearest the consumer."""
     budget = None
     for s in stages.values():
         for key in ("cpu_budget", "threadpool_size"):
             if budget is None and str(s.params.get(key, "")).isdigit():
                 budget = int(s.params[key])
     roots = [s for s in stages.values() if s.kind == "Root"]
-    out_stages = [_stage_row(stages[path], n, total_step) for path in sorted(stages, key=lambda p: (p.count("::"), p))]
-    batch = None
-    for st in out_stages:  # the batch stage nearest the consumer
-        if str(st["params"].get("batch_size", "")).isdigit():
-            batch = int(st["params"]["batch_size"])
-            break
-    unattributed = sum(s.blocking_us for s in stages.values() if is_pass_through(s.kind))
+    batch = next((int(r.params["batch_size"]) for r in rows if str(r.params.get("batch_size", "")).isdigit()), None)
+    return budget, any("cpu_budget" in s.params for s in roots) if roots else None, batch
+
+
+def _record(trace, steps: Steps, stages, waits_per_step, wait_events, work, split: stalls.Split, replicas) -> InputWait:
+    """The record, built once: the steps' figures, XLA's compile time and the stall taken out of the rest of the
+    step (xla.py, stalls.py), in the order (and with the rounding) each was measured."""
+    step_us = [hi - lo for lo, hi in steps.windows]
+    n, total_step = len(step_us), sum(step_us)
+    measured = bool(wait_events)
+    rows = tuple(_stage_row(stages[path], n, total_step) for path in sorted(stages, key=lambda p: (p.count("::"), p)))
+    budget, autotune, batch = _settings(stages, rows)
     wait_ms = total_step and sum(waits_per_step) / n / 1e3
-    compute_ms = sum(compute_us) / n / 1e3
-    calls_per_step = len(wait_events) / n
-    floor_ms = (floor or 0.0) / 1e3
+    compute_ms = sum(work["compute_us"].tolist()) / n / 1e3
+    step_ms, input_ms = round(total_step / n / 1e3, 3), round(wait_ms, 3) if measured else None
+    figures = xla.measure(trace, steps, round(compute_ms, 3), step_ms)
+    overhead_ms = round(max(total_step / n / 1e3 - (wait_ms or 0.0) - compute_ms, 0.0), 3)
+    getnext_per_step = round(len(wait_events) / n, 2)
+    per_window = getnext_per_step / replicas  # steps_per_execution: the steps of one call read the same iterator
+    floor_ms = min((e.dur for e in wait_events), default=0.0) / 1e3
     return InputWait(
         measured=measured,
         reason=None if measured else "no tf.data GetNext ran inside the steps: the input came from outside tf.data",
@@ -434,25 +443,35 @@ def _report(steps, stages, step_us, waits_per_step, wait_events, compute_us, flo
         function=steps.function,
         steps=n,
         steps_left_out=steps.left_out,
-        step_ms=round(mean_step / 1e3, 3),
-        input_ms=round(wait_ms, 3) if measured else None,
-        input_percent=round(100 * sum(waits_per_step) / total_step, 1) if measured and total_step else None,
-        getnext_per_step=round(calls_per_step, 2),
+        step_ms=step_ms,
+        input_ms=input_ms,
+        input_percent=split.input_share(
+            step_ms, input_ms, round(100 * sum(waits_per_step) / total_step, 1) if measured and total_step else None
+        ),
+        getnext_per_step=getnext_per_step,
         getnext_floor_ms=round(floor_ms, 3) if measured else None,
-        compute_ms=round(compute_ms, 3),
-        overhead_ms=round(max(mean_step / 1e3 - (wait_ms or 0.0) - compute_ms, 0.0), 3),
-        per_step=[
-            {"step": name, "step_ms": round(s / 1e3, 3), "input_ms": round(w / 1e3, 3)}
-            for name, s, w in zip(steps.names, step_us, waits_per_step)
-        ],
+        compute_ms=split.compute_left(round(compute_ms, 3)),
+        overhead_ms=split.overhead_left(xla.overhead_left(overhead_ms, figures)),
+        per_step=tuple(
+            StepFigures(name, round(s / 1e3, 3), round(w / 1e3, 3), compile_ms, round(stall / 1e3, 3))
+            for name, s, w, compile_ms, stall in zip(
+                steps.names, step_us, waits_per_step, figures.per_step_ms, split.stall_us
+            )
+        ),
         cpu_budget=budget,
-        autotune=any("cpu_budget" in s.params for s in roots) if roots else None,
+        autotune=autotune,
         batch_size=batch,
-        prefetch=[
-            {"path": st["path"], "injected": st["injected"], "buffer_limit": st["params"].get("buffer_limit")}
-            for st in out_stages
-            if st["kind"] == "Prefetch"
-        ],
-        unattributed_ms=round(unattributed / n / 1e3, 3),
-        stages=out_stages,
+        prefetch=tuple(
+            PrefetchStage(r.path, r.injected, r.params.get("buffer_limit")) for r in rows if r.kind == "Prefetch"
+        ),
+        unattributed_ms=round(sum(s.blocking_us for s in stages.values() if is_pass_through(s.kind)) / n / 1e3, 3),
+        stages=rows,
+        xla=figures,
+        compile_ms=figures.compile_ms,
+        stall_ms=split.stall_ms,
+        stall=split.record(),
+        replicas=replicas,
+        steps_per_window=round(per_window) if per_window >= 1.5 else 1,
+        host_compute_ms=round(float(work["host_compute_us"].sum()) / n / 1e3, 3),
+        device=activity.device_figures(work, n),
     )

@@ -31,20 +31,18 @@ def _summary(run: str, item: Run) -> str:
 def _tree(wait: InputWait) -> list[str]:
     lines = []
     for s in wait.stages:
-        depth = s["path"].count("::") - 1
+        depth = s.path.count("::") - 1
         notes = []
-        if s["injected"]:
+        if s.injected:
             notes.append("injected by tf.data")
         for key in ("parallelism", "batch_size", "buffer_limit", "buffer_size"):
-            if key in s["params"]:
-                notes.append(f"{key} {s['params'][key]}")
-        if s["functions"]:
-            notes.append(
-                f"fn {s['functions']['work_ms']:.1f} ms/step, {s['functions']['concurrency'] or 0:.1f} at a time"
-            )
-        if s["blocking_ms"] + s["fill_ms"] >= 0.01 * wait.step_ms:
-            notes.append(f"holds the step {s['blocking_ms'] + s['fill_ms']:.1f} ms/step")
-        lines.append("    " + "  " * max(depth, 0) + s["kind"] + (f"  [{'; '.join(notes)}]" if notes else ""))
+            if key in s.params:
+                notes.append(f"{key} {s.params[key]}")
+        if s.functions:
+            notes.append(f"fn {s.functions.work_ms:.1f} ms/step, {s.functions.concurrency or 0:.1f} at a time")
+        if s.blocking_ms + s.fill_ms >= 0.01 * wait.step_ms:
+            notes.append(f"holds the step {s.blocking_ms + s.fill_ms:.1f} ms/step")
+        lines.append("    " + "  " * max(depth, 0) + s.kind + (f"  [{'; '.join(notes)}]" if notes else ""))
     return lines
 
 
@@ -87,22 +85,22 @@ def _stall(wait: Wait) -> list[str]:
         return []
     found, outside = wait.stall, left_out(wait)
     parts = []
-    if found["gaps_ms"]:
+    if found.gaps_ms:
         parts.append(
-            f"{found['gaps_ms']:.1f} ms in gaps of 1 ms or more in which the training thread waited in the train "
+            f"{found.gaps_ms:.1f} ms in gaps of 1 ms or more in which the training thread waited in the train "
             "function and no thread, op or device of the step recorded anything"
         )
-    if found["stretched_steps"]:
+    if found.stretched_steps:
         parts.append(
-            f"{found['stretched_ms']:.1f} ms in {found['stretched_steps']} step(s) whose Python, dispatch or model ops "
+            f"{found.stretched_ms:.1f} ms in {found.stretched_steps} step(s) whose Python, dispatch or model ops "
             "took far longer than the same in the other steps (or work done only in some steps, e.g. a callback "
             "every N steps)"
         )
     text = f"  no recorded work: {stall:.1f} ms per step ({100 * stall / wait.step_ms:.0f}% of the step), "
     text += "; ".join(parts) + ". Per-step overhead leaves it out."
-    if found["pipeline_ms"]:
+    if found.pipeline_ms:
         text += (
-            f" In {found['pipeline_ms']:.1f} ms of it the input pipeline's threads ran: the step waited for cores they "
+            f" In {found.pipeline_ms:.1f} ms of it the input pipeline's threads ran: the step waited for cores they "
             "held, which a fix of the pipeline gives back, so shares and estimates count it."
         )
     if outside > 0:
@@ -120,7 +118,7 @@ def _pipeline(wait: Wait) -> list[str]:
         return []
     batch, prefetch = wait.batch_size, wait.prefetch
     if prefetch:
-        kinds = ", ".join("injected by tf.data" if p["injected"] else "yours" for p in prefetch)
+        kinds = ", ".join("injected by tf.data" if p.injected else "yours" for p in prefetch)
         prefetch_text = f"yes ({kinds})"
     else:
         prefetch_text = "none"

@@ -118,10 +118,10 @@ def notes(profile: Profile, device: DeviceView | None = None) -> list[str]:
     found += xla.notes(wait)
     lost, input_ms = wait.unattributed_ms or 0.0, wait.input_ms or 0.0
     if input_ms >= 0.1 * wait.step_ms and lost >= 0.25 * input_ms:
-        held = max((s for s in wait.stages if s["pass_through"]), key=lambda s: s["blocking_ms"])
+        held = max((s for s in wait.stages if s.pass_through), key=lambda s: s.blocking_ms)
         found.append(
             f"Unseen producers: {lost:.1f} ms of the {input_ms:.1f} ms input wait per step "
-            f"({100 * lost / input_ms:.0f} %) waits on {held['path']}, whose producer threads left no events in this "
+            f"({100 * lost / input_ms:.0f} %) waits on {held.path}, whose producer threads left no events in this "
             "profile, so the causes above miss that share. TensorFlow 2.17's profiler drops the events of threads "
             "that ended before the capture stopped (each epoch's iterator threads end with its epoch); 2.21 keeps "
             "them. Profile steps within one epoch, or `.repeat()` the dataset and pass steps_per_epoch, to see them."

@@ -25,19 +25,51 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
 from step_doctor.diagnose import hosttrace
 from step_doctor.diagnose.activity import STALL_GAP_US
-from step_doctor.diagnose.wait_record import InputWait, Wait
+from step_doctor.diagnose.wait_record import InputWait, Stall, Wait
 
 FAR_OUT = 3.0  # Tukey's far-out fence: Q3 + 3 IQR
 MIN_STEPS = 5  # quartiles of fewer steps say nothing about which one is far out
 BETWEEN = ""  # the label of the caller's time in no event of its own below the step's
 
 
-def split(step_us: list, wait_us: list, compute_us: list, gaps: tuple[list, list], caller: list[dict]) -> dict:
+@dataclass(frozen=True)
+class Split:
+    """The stall, per step (µs) and on average (ms), in gaps and in stretched time; the steps stretched."""
+
+    stall_us: tuple[float, ...]
+    stall_ms: float
+    gaps_ms: float
+    pipeline_ms: float  # the part of the stall in which the input pipeline's threads ran
+    stretched_steps: int
+    stretched_ms: float
+    compute_stretched_ms: float  # the part of the stall inside the model's ops
+
+    def record(self) -> Stall:
+        return Stall(self.gaps_ms, self.pipeline_ms, self.stretched_steps, self.stretched_ms)
+
+    def compute_left(self, compute_ms: float) -> float:
+        """The model's compute per step without the stall inside its ops."""
+        return round(max(compute_ms - self.compute_stretched_ms, 0.0), 3)
+
+    def overhead_left(self, overhead_ms: float) -> float:
+        """Per-step overhead without the rest of the stall, which lay outside the model's ops."""
+        return round(max(overhead_ms - (self.stall_ms - self.compute_stretched_ms), 0.0), 3)
+
+    def input_share(self, step_ms: float, input_ms: float | None, share: float | None) -> float | None:
+        """The input wait's share of the step without the stall no fix removes (working_step)."""
+        step = working(step_ms, self.stall_ms, self.pipeline_ms)
+        if step < step_ms and input_ms is not None and step > 0:
+            return round(100 * input_ms / step, 1)
+        return share
+
+
+def split(step_us: list, wait_us: list, compute_us: list, gaps: tuple[list, list], caller: list[dict]) -> Split:
     """Per step (µs) and on average (ms): the stall, in gaps and in stretched time; the steps stretched.
 
     `gaps`: per step, the gaps (activity.py), and the part of them in which the input pipeline's threads ran.
@@ -57,15 +89,15 @@ def split(step_us: list, wait_us: list, compute_us: list, gaps: tuple[list, list
     dispatch = [min(d, r) for d, r in zip(dispatch, rest)]
     n = max(len(step_us), 1)
     stall = [float(g) + d + c for g, d, c in zip(gap_us, dispatch, compute)]
-    return {
-        "stall_us": stall,
-        "stall_ms": round(sum(stall) / n / 1e3, 3),
-        "gaps_ms": round(float(sum(gap_us)) / n / 1e3, 3),
-        "pipeline_ms": round(min(sum(shared), sum(stall)) / n / 1e3, 3),
-        "stretched_steps": sum(1 for d, c in zip(dispatch, compute) if d + c > 0),
-        "stretched_ms": round((sum(dispatch) + sum(compute)) / n / 1e3, 3),
-        "compute_stretched_ms": round(sum(compute) / n / 1e3, 3),
-    }
+    return Split(
+        stall_us=tuple(stall),
+        stall_ms=round(sum(stall) / n / 1e3, 3),
+        gaps_ms=round(float(sum(gap_us)) / n / 1e3, 3),
+        pipeline_ms=round(min(sum(shared), sum(stall)) / n / 1e3, 3),
+        stretched_steps=sum(1 for d, c in zip(dispatch, compute) if d + c > 0),
+        stretched_ms=round((sum(dispatch) + sum(compute)) / n / 1e3, 3),
+        compute_stretched_ms=round(sum(compute) / n / 1e3, 3),
+    )
 
 
 def far_out(times: list) -> list[float]:
@@ -78,23 +110,9 @@ def far_out(times: list) -> list[float]:
     return [float(t) - typical if t > fence else 0.0 for t in times]
 
 
-def apply(report: InputWait, split: dict) -> None:
-    """The stall (`split`) into the input wait's record (diagnose/input_wait.py) beside the step figures, taken
-    out of per-step overhead and of the model's compute; and the input iterators read per step, so that steps per
-    window counts steps, not replicas."""
-    report.stall_ms = split["stall_ms"]
-    report.stall = {k: split[k] for k in ("gaps_ms", "pipeline_ms", "stretched_steps", "stretched_ms")}
-    working = working_step(report)  # the shares a fix acts on
-    if working < report.step_ms and report.input_ms is not None and working > 0:
-        report.input_percent = round(100 * report.input_ms / working, 1)
-    report.compute_ms = round(max(report.compute_ms - split["compute_stretched_ms"], 0.0), 3)
-    outside = split["stall_ms"] - split["compute_stretched_ms"]  # the rest of the stall lay outside the model's ops
-    report.overhead_ms = round(max(report.overhead_ms - outside, 0.0), 3)
-    for row, stall in zip(report.per_step, split["stall_us"]):
-        row["stall_ms"] = round(stall / 1e3, 3)
-    report.replicas = split["replicas"]
-    per_window = report.getnext_per_step / split["replicas"]
-    report.steps_per_window = round(per_window) if per_window >= 1.5 else 1
+def working(step_ms: float, stall_ms: float, pipeline_ms: float) -> float:
+    """A step of `step_ms` without the part of its stall in which the input pipeline's threads did not run."""
+    return max(step_ms - max(stall_ms - pipeline_ms, 0.0), 0.0)
 
 
 def working_step(wait: Wait) -> float:
@@ -104,8 +122,7 @@ def working_step(wait: Wait) -> float:
     of the pipeline gives back."""
     if not isinstance(wait, InputWait):
         return 0.0
-    external = (wait.stall_ms or 0.0) - ((wait.stall or {}).get("pipeline_ms") or 0.0)
-    return max((wait.step_ms or 0.0) - max(external, 0.0), 0.0)
+    return working(wait.step_ms, wait.stall_ms, wait.stall.pipeline_ms)
 
 
 def left_out(wait: Wait) -> float:

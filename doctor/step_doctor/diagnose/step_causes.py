@@ -91,7 +91,8 @@ def device_causes(profile: Profile, config: dict, busy: float | None, causes: Ca
     train = config.get("train")
     b = Breakdown(profile, train.get("precision") if isinstance(train, dict) else None, busy)
     small_kernels(b, causes)
-    if not xla.figures_of(profile.wait).get("used"):  # else the trace's (recompilation)
+    seen = xla.figures_of(profile.wait)
+    if not (seen and seen.used):  # else the trace's (recompilation)
         compiled_per_xprof(b, causes)
     device_copies(b, causes)
     if b.busy is not None:
@@ -128,20 +129,20 @@ STATIC_SHAPES = (
 
 def recompilation(wait: InputWait, causes: Causes) -> None:
     """XLA compiling the step again for the new shapes its batches keep bringing (the trace's compile events)."""
-    seen = wait.xla or {}
-    if not seen.get("churn"):
+    seen = wait.xla
+    if not seen.churn:
         return
-    step, compile_ms, each = working_step(wait), wait.compile_ms, seen["compile_each_ms"]
-    shapes = seen["shapes"] or seen["compiles"]
-    ran = seen.get("ran_shapes") or []
+    step, compile_ms, each = working_step(wait), wait.compile_ms, seen.compile_each_ms
+    shapes = seen.shapes or seen.compiles
+    ran = seen.ran_shapes
     examples = f"; the steps ran it compiled for {', '.join(ran[:4])}{', ...' if len(ran) > 4 else ''}" if ran else ""
-    process = f"; {seen['executables']} executables of the step in the process so far" if seen["executables"] else ""
+    process = f"; {seen.executables} executables of the step in the process so far" if seen.executables else ""
     causes.add(
         "recompilation",
         "The step is compiled again for every new shape",
         compile_ms,
-        f"the step is compiled again for every new shape: {seen['compiles']} compiles of {shapes} distinct shapes in "
-        f"{seen['steps']} steps, {ms(each)} each; compiling takes {ms(compile_ms)} of the {ms(step)} step "
+        f"the step is compiled again for every new shape: {seen.compiles} compiles of {shapes} distinct shapes in "
+        f"{seen.steps} steps, {ms(each)} each; compiling takes {ms(compile_ms)} of the {ms(step)} step "
         f"({pct(compile_ms, step)}){examples}{process}",
         STATIC_SHAPES,
         f"Estimate: the compile time measured in these steps removed, as with a fixed set of shapes compiled once each "

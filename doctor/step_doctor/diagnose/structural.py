@@ -20,6 +20,7 @@ from the wait charged to the stage it names.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from step_doctor.diagnose import input_wait as iw
 from step_doctor.diagnose import stages as st
@@ -36,7 +37,7 @@ from step_doctor.diagnose.input_causes import (
 )
 from step_doctor.diagnose.recommendation import LATENT, Causes, Recommendation, ms, pct
 from step_doctor.diagnose.stalls import working_step
-from step_doctor.diagnose.wait_record import InputWait, Wait
+from step_doctor.diagnose.wait_record import InputWait, Stage, Wait
 
 COVERS = {  # a structural fix -> the recommendations that already make it for the same stage
     "no-prefetch": {"no-prefetch"},
@@ -55,7 +56,7 @@ def structural_fixes(wait: Wait, cpu_only: bool, listed: list[Recommendation]) -
     no_prefetch(p)
     running_ahead_at_root(p)
     for s in p.stages:
-        fn = s["functions"]
+        fn = s.functions
         if fn and st.written_sequential_map(s):
             sequential_map(_alone(s, p))
         if fn and _decodes_every_epoch(s, p):
@@ -63,8 +64,8 @@ def structural_fixes(wait: Wait, cpu_only: bool, listed: list[Recommendation]) -
         if fn and python_tokenizer(_alone(s, p)):
             python_tokenization(_alone(s, p))
     for opener, readers in _sequential_readers(p):
-        reader = max(readers, key=lambda o: o["busy_ms"])
-        blocking = sum(s["blocking_ms"] for s in (opener, *readers))
+        reader = max(readers, key=lambda o: o.busy_ms)
+        blocking = sum(s.blocking_ms for s in (opener, *readers))
         sequential_file_reads(Blame(st.Unit(opener, [opener, *readers], blocking), p), reader)
     made = {(r.cause, r.stage) for r in listed}
     shuffled = [r.stage for r in listed if r.cause == "shuffle-buffer-refill" and r.stage]
@@ -78,37 +79,36 @@ def structural_fixes(wait: Wait, cpu_only: bool, listed: list[Recommendation]) -
     return sorted(new, key=lambda r: -r.removes_ms)
 
 
-def _alone(stage: dict, p: Pipeline) -> Blame:
-    return Blame(st.Unit(stage, [stage], stage["blocking_ms"]), p)
+def _alone(stage: Stage, p: Pipeline) -> Blame:
+    return Blame(st.Unit(stage, [stage], stage.blocking_ms), p)
 
 
-def _decodes_every_epoch(stage: dict, p: Pipeline) -> bool:
+def _decodes_every_epoch(stage: Stage, p: Pipeline) -> bool:
     """Its function mostly decodes, deterministically, and no cache keeps its output for later epochs."""
     b = _alone(stage, p)
     cached = any(
-        ("Cache" in o["kind"] or o["kind"].startswith("Snapshot")) and st.under(stage["path"], o["path"])
-        for o in p.stages
+        ("Cache" in o.kind or o.kind.startswith("Snapshot")) and st.under(stage.path, o.path) for o in p.stages
     )
     return b.shares.get("decode", 0.0) >= 0.4 and b.deterministic and not cached
 
 
-def _sequential_readers(p: Pipeline) -> list[tuple[dict, list[dict]]]:
+def _sequential_readers(p: Pipeline) -> list[tuple[Stage, list[Stage]]]:
     """(opener stage, its readers) where several files were read one after another on one thread."""
-    found: dict[str, tuple[dict, list[dict]]] = {}
+    found: dict[str, tuple[Stage, list[Stage]]] = {}
     for reader in p.stages:
-        if reader["kind"] not in iw.READERS or reader["threads"] > 1 or reader["instances"] < 2:
+        if reader.kind not in iw.READERS or reader.threads > 1 or reader.instances < 2:
             continue
         opener = st.head(reader, p.stages)
-        if opener["kind"] in iw.ASYNC:
+        if opener.kind in iw.ASYNC:
             continue
-        found.setdefault(opener["path"], (opener, []))[1].append(reader)
+        found.setdefault(opener.path, (opener, []))[1].append(reader)
     return list(found.values())
 
 
 def running_ahead_at_root(p: Pipeline) -> None:
     """The root's stage runs ahead by itself (a parallel map, a map-and-batch) but no Prefetch buffers it."""
     top = root_stage(p.stages)
-    if top is None or not top["async"] or prefetched(top, p.stages) or top["kind"] == "Prefetch":
+    if top is None or not top.asynchronous or prefetched(top, p.stages) or top.kind == "Prefetch":
         return
     p.causes.add(
         "no-prefetch",
@@ -122,7 +122,7 @@ def running_ahead_at_root(p: Pipeline) -> None:
         "Estimate: none from this profile. Where production is slower than the step on average, as here, a deeper "
         "buffer does not make it faster; it absorbs uneven production (shuffle refills, file opens, pauses), which "
         "averages over steps cannot show.",
-        stage=top["path"],
+        stage=top.path,
     )
 
 
@@ -131,8 +131,8 @@ def production(wait: InputWait) -> tuple[float, str]:
     while the model waits, else the busiest stage's own time per step (its function calls, or its file reads)."""
     busiest, most = None, 0.0
     for s in wait.stages:
-        own = s["functions"]["wall_ms"] if s["functions"] else (s["busy_ms"] if s["kind"] in iw.READERS else 0.0)
-        if not s["pass_through"] and own > most:
+        own = s.functions.wall_ms if s.functions else (s.busy_ms if s.kind in iw.READERS else 0.0)
+        if not s.pass_through and own > most:
             busiest, most = s, own
     if wait.input_ms >= most or busiest is None:
         return wait.input_ms, "the batches are made while the model waits"
@@ -146,7 +146,7 @@ def latent_fixes(wait: InputWait, cpu_only: bool, listed: list[Recommendation]) 
         return []
     step = working_step(wait)
     rest, (made, sets) = max(step - wait.input_ms, 0.0), production(wait)
-    stages = {s["path"]: s for s in wait.stages}
+    stages = {s.path: s for s in wait.stages}
     cores = wait.cpu_budget or 2
     if cpu_only:  # the pipeline ran on the cores the model used: its time per batch is stretched by the model's
         when = (
@@ -171,8 +171,8 @@ def latent_fixes(wait: InputWait, cpu_only: bool, listed: list[Recommendation]) 
     return latent
 
 
-def _would_cost(rec: Recommendation, stage: dict | None, made: float, cores: int) -> str:
-    if rec.cause == "no-prefetch" and stage is not None and stage["async"]:
+def _would_cost(rec: Recommendation, stage: Stage | None, made: float, cores: int) -> str:
+    if rec.cause == "no-prefetch" and stage is not None and stage.asynchronous:
         return (
             f"{st.name(stage)} runs ahead by its own parallel calls only: a prefetch keeps producing while batches "
             "wait in its buffer, which absorbs uneven production (shuffle refills, file opens, pauses)"
@@ -184,7 +184,7 @@ def _would_cost(rec: Recommendation, stage: dict | None, made: float, cores: int
         )
     own = 0.0
     if stage is not None:
-        own = stage["functions"]["wall_ms"] if stage["functions"] else stage["busy_ms"]
+        own = stage.functions.wall_ms if stage.functions else stage.busy_ms
     if rec.cause == "decode-every-epoch":
         return f"{st.name(stage)} takes {ms(own)} per batch in every epoch: a cache after it keeps only the first's"
     if rec.cause == "python-tokenization":
@@ -231,12 +231,12 @@ def padding_share(record: dict, depth: int = 3) -> float | None:
     return None
 
 
-def _padded(stage: dict, stages: list[dict]) -> str | None:
+def _padded(stage: Stage, stages: Sequence[Stage]) -> str | None:
     """How a PaddedBatch stage pads ('to the longest sequence of each batch', 'to a fixed length, ...'), or None where
     it is not padding text without bucketing: under bucket_by_sequence_length, or fed elements of one fixed shape."""
-    if not stage["kind"].startswith("PaddedBatch") or "GroupByWindow" in stage["path"]:
+    if not stage.kind.startswith("PaddedBatch") or "GroupByWindow" in stage.path:
         return None
-    below = next((o for o in stages if o["path"].rsplit("::", 1)[0] == stage["path"]), None)
+    below = next((o for o in stages if o.path.rsplit("::", 1)[0] == stage.path), None)
     fed = st.components(below) if below is not None else None
     if fed is not None and not any("?" in dims for dims, _ in fed):
         return None  # every element has the same shape: nothing to pad
@@ -256,12 +256,12 @@ def unbucketed_padding(wait: Wait, share: float | None) -> list[Recommendation]:
         return []
     causes = Causes(working_step(wait))
     compute = wait.compute_ms or 0.0
-    xla = wait.xla or {}
+    xla = wait.xla
     for s in wait.stages:
         how = _padded(s, wait.stages)
         if how is None:
             continue
-        batch = s["params"].get("batch_size", "?")
+        batch = s.params.get("batch_size", "?")
         padded = [f"[{','.join(dims)}] {dtype}" for dims, dtype in st.components(s) or [] if len(dims) >= 2]
         shapes = f" ({padded[0]})" if padded else ""
         if share is None:
@@ -280,11 +280,11 @@ def unbucketed_padding(wait: Wait, share: float | None) -> list[Recommendation]:
                 "Estimate: at most the model's compute on padded slots (its work grows with the slots; attention "
                 "grows faster than that); bucketing leaves some padding, to each bucket's length."
             )
-        if xla.get("used") and xla.get("churn"):
+        if xla.used and xla.churn:
             said += "; under XLA each new length also compiles the step again (recompilation)"
-        elif xla.get("used") and xla.get("recorded") is False and "new length" in how:
+        elif xla.used and xla.recorded is False and "new length" in how:
             said += "; under XLA each new length also compiles the step again (unrecorded in this profile)"
-        elif not xla.get("used") and "new length" in how:
+        elif not xla.used and "new length" in how:
             said += "; under XLA (Keras's default where a GPU is present) each new length would compile the step again"
         causes.add(
             "unbucketed-padding",
@@ -294,7 +294,7 @@ def unbucketed_padding(wait: Wait, share: float | None) -> list[Recommendation]:
             f"pipeline; {said}",
             BUCKET_FIX,
             estimate,
-            stage=s["path"],
+            stage=s.path,
         )
     return causes.found
 

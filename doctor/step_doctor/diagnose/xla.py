@@ -36,7 +36,7 @@ from step_doctor.diagnose import hlo, xspace
 from step_doctor.diagnose.hosttrace import HostTrace
 from step_doctor.diagnose.step_windows import Steps
 from step_doctor.diagnose.tf_names import XLA_COMPILE_ONCE, XLA_COMPILES, XLA_EXECUTABLE, XLA_RUNS
-from step_doctor.diagnose.wait_record import InputWait, Wait
+from step_doctor.diagnose.wait_record import InputWait, Wait, XlaFigures, XlaWarmUp
 
 CHURN = 0.5  # steps that compile, or distinct shapes, above this share of the steps: the shapes keep changing
 MIN_STEADY = 2  # warm-up steps are left out only where at least this many steps remain
@@ -149,14 +149,14 @@ def unseen_compiles(wait: Wait) -> bool:
     where the profile records nothing of it (a TensorFlow whose compiler records no event), so per-step overhead may
     hold compile time that cannot be told apart."""
     xla = figures_of(wait)
-    return bool(xla.get("used")) and not xla["compiles"] and not xla["warm_up"] and xla["shapes"] > CHURN * xla["steps"]
+    return bool(xla and xla.used and not xla.compiles and not xla.warm_up and xla.shapes > CHURN * xla.steps)
 
 
 def unrecorded(wait: Wait) -> bool:
     """XLA ran the steps and the trace holds none of its events: the step's time outside input wait is its compute,
     compiling and overhead together (see the module's docstring)."""
     xla = figures_of(wait)
-    return bool(xla.get("used")) and xla.get("recorded") is False
+    return bool(xla and xla.used and xla.recorded is False)
 
 
 def compile_spans(trace: HostTrace, lowering: list | None = None) -> list[tuple[float, float]]:
@@ -267,8 +267,8 @@ def _listed(space: xspace.XSpaceFile) -> bool:
     )
 
 
-def measure(trace: HostTrace, steps: Steps, ops_ms: float = 0.0, step_ms: float = 0.0) -> dict:
-    """XLA in the analysed steps (and the warm-up steps left out): JSON-ready, per-step figures in ms. `ops_ms`
+def measure(trace: HostTrace, steps: Steps, ops_ms: float = 0.0, step_ms: float = 0.0) -> XlaFigures:
+    """XLA in the analysed steps (and the warm-up steps left out), per-step figures in ms. `ops_ms`
     and `step_ms`, the model's ops and the step per step, tell an XLA that records no event (unrecorded)."""
     windows, n = steps.windows, max(len(steps.windows), 1)
     lowered = _lowering(trace) if trace.xla_compiles else []
@@ -299,48 +299,46 @@ def measure(trace: HostTrace, steps: Steps, ops_ms: float = 0.0, step_ms: float 
     found = executables(trace.space, modules, set(programs), newest=unrecorded) if used else dict(NONE)
     shapes_of = found.pop("shapes_of")
     ran = [shapes_of[p] for p in sorted(programs) if p in shapes_of]
-    return {
-        "used": used,
-        "recorded": not unrecorded,  # False: XLA ran the steps, and the trace holds none of its events
-        "runs_per_step": round(runs / n, 2),
-        "compile_ms": round(sum(compile_us) / n / 1e3, 3),
-        "compile_steps": compile_steps,
-        "compiles": compiles,
-        "compile_each_ms": round(sum(compile_us) / compiles / 1e3, 3) if compiles else None,
-        "lowering_each_ms": round(sum(lowering) / compiles / 1e3, 3) if compiles else None,
-        "per_step_ms": [round(us / 1e3, 3) for us in compile_us],
-        "steps": len(windows),
-        "shapes": len(sizes) or len(programs),  # distinct batch shapes read in the analysed steps (0: not shown)
-        "programs": len(programs),  # distinct executables run in the analysed steps (0: the trace does not say)
-        "ran_shapes": sorted(set(ran), key=ran.index),  # the shapes of those, in the order they were compiled
-        "churn": bool(compiles) and churns(compile_steps, len(sizes) or len(programs), len(windows)),
-        "warm_up": {
-            "steps": len(steps.warm_up),
-            "compiles": warm_compiles,
-            "compile_each_ms": round(sum(warm) / max(warm_compiles, 1) / 1e3, 3),
-        }
+    return XlaFigures(
+        used=used,
+        recorded=not unrecorded,
+        runs_per_step=round(runs / n, 2),
+        compile_ms=round(sum(compile_us) / n / 1e3, 3),
+        compile_steps=compile_steps,
+        compiles=compiles,
+        compile_each_ms=round(sum(compile_us) / compiles / 1e3, 3) if compiles else None,
+        lowering_each_ms=round(sum(lowering) / compiles / 1e3, 3) if compiles else None,
+        per_step_ms=tuple(round(us / 1e3, 3) for us in compile_us),
+        steps=len(windows),
+        shapes=len(sizes) or len(programs),
+        programs=len(programs),
+        ran_shapes=tuple(sorted(set(ran), key=ran.index)),
+        churn=bool(compiles) and churns(compile_steps, len(sizes) or len(programs), len(windows)),
+        warm_up=XlaWarmUp(
+            steps=len(steps.warm_up),
+            compiles=warm_compiles,
+            compile_each_ms=round(sum(warm) / max(warm_compiles, 1) / 1e3, 3),
+        )
         if steps.warm_up
         else None,
-        **found,
-    }
+        executables=found["executables"],
+        modules=found["modules"],
+        compiled_shapes=tuple(found["compiled_shapes"]),
+    )
 
 
-def apply(report: InputWait, figures: dict) -> None:
-    """XLA's figures into the input wait's record (input_wait.py): compile time is taken out of per-step overhead."""
-    report.xla = figures
-    report.compile_ms = figures["compile_ms"]
-    report.overhead_ms = round(max(report.overhead_ms - figures["compile_ms"], 0.0), 3)
-    for row, compile_ms in zip(report.per_step, figures["per_step_ms"]):
-        row["compile_ms"] = compile_ms
+def overhead_left(overhead_ms: float, figures: XlaFigures) -> float:
+    """Per-step overhead without the compile time in it (input_wait.py takes it out)."""
+    return round(max(overhead_ms - figures.compile_ms, 0.0), 3)
 
 
-def figures_of(wait: Wait) -> dict:
-    """XLA's figures of a measured input wait (measure's), else none."""
-    return (wait.xla if isinstance(wait, InputWait) else None) or {}
+def figures_of(wait: Wait) -> XlaFigures | None:
+    """XLA's figures of a measured input wait (measure's), else None."""
+    return wait.xla if isinstance(wait, InputWait) else None
 
 
-def _compiled_for(xla: dict) -> str:
-    shapes = xla.get("compiled_shapes") or []
+def _compiled_for(xla: XlaFigures) -> str:
+    shapes = xla.compiled_shapes
     if not shapes:
         return ""
     more = f" and {len(shapes) - SHOWN} more" if len(shapes) > SHOWN else ""
@@ -350,21 +348,21 @@ def _compiled_for(xla: dict) -> str:
 def summary(wait: Wait) -> str | None:
     """One line on XLA in the steps, for the text report; None where XLA did not run."""
     xla = figures_of(wait)
-    if not xla.get("used"):
+    if xla is None or not xla.used:
         return None
-    parts = [f"{xla['runs_per_step']:g} run(s) of the compiled step per step"]
-    if xla["compiles"]:
+    parts = [f"{xla.runs_per_step:g} run(s) of the compiled step per step"]
+    if xla.compiles:
         parts.append(
-            f"{xla['compiles']} compile(s) in {xla['compile_steps']} of {xla['steps']} steps, "
-            f"{xla['compile_each_ms']:.1f} ms each (of which {xla['lowering_each_ms']:.1f} ms lowering to HLO, before "
+            f"{xla.compiles} compile(s) in {xla.compile_steps} of {xla.steps} steps, "
+            f"{xla.compile_each_ms:.1f} ms each (of which {xla.lowering_each_ms:.1f} ms lowering to HLO, before "
             "XLA's first compile event)"
         )
-    if xla["shapes"]:
-        parts.append(f"{xla['shapes']} distinct batch shape(s) read")
-    if xla["programs"]:
-        parts.append(f"{xla['programs']} executable(s) run")
-    if xla["executables"]:
-        parts.append(f"{xla['executables']} executable(s) in the process{_compiled_for(xla)}")
+    if xla.shapes:
+        parts.append(f"{xla.shapes} distinct batch shape(s) read")
+    if xla.programs:
+        parts.append(f"{xla.programs} executable(s) run")
+    if xla.executables:
+        parts.append(f"{xla.executables} executable(s) in the process{_compiled_for(xla)}")
     return "XLA: " + "; ".join(parts)
 
 
@@ -372,8 +370,10 @@ def notes(wait: Wait) -> list[str]:
     """What the trace says of XLA that no cause does: warm-up left out, compiles it cannot show, shapes that would
     compile again if XLA were on."""
     xla = figures_of(wait)
-    steps, shapes = xla.get("steps") or 0, xla.get("shapes") or 0
-    if not xla.get("used"):
+    if xla is None:
+        return []
+    steps, shapes = xla.steps or 0, xla.shapes or 0
+    if not xla.used:
         if shapes >= 4 and shapes > CHURN * steps:
             return [
                 f"{shapes} distinct batch shapes in {steps} steps: with XLA (`jit_compile=True`, Keras's default where "
@@ -382,25 +382,25 @@ def notes(wait: Wait) -> list[str]:
                 "a fixed length, with drop_remainder=True)."
             ]
         return []
-    warm = xla.get("warm_up")
+    warm = xla.warm_up
     if warm:
         return [
-            f"XLA warm-up: {warm['steps']} of the profiled steps compiled the step for a shape it had not met "
-            f"({warm['compiles']} compile(s), {warm['compile_each_ms']:.0f} ms each), while the steps reuse {shapes} "
+            f"XLA warm-up: {warm.steps} of the profiled steps compiled the step for a shape it had not met "
+            f"({warm.compiles} compile(s), {warm.compile_each_ms:.0f} ms each), while the steps reuse {shapes} "
             "shapes, each compiled once: those steps are left out of the figures above, which are the steady state."
         ]
-    if xla["compiles"] and not xla["churn"]:
+    if xla.compiles and not xla.churn:
         return [
-            f"XLA compiled the step {xla['compiles']} time(s) in {steps} steps ({xla['compile_each_ms']:.0f} ms each), "
+            f"XLA compiled the step {xla.compiles} time(s) in {steps} steps ({xla.compile_each_ms:.0f} ms each), "
             "once per new shape while the steps reuse a few: warm-up, not counted as a cause. Profile later steps "
             "(StepTraceProfiler(logdir, start_step=...)) to see the steady state."
         ]
-    if xla["compiles"]:
+    if xla.compiles:
         return []
     if unrecorded(wait):
         return [_unrecorded_note(wait, xla)]
-    if xla["executables"]:
-        seen = f"{xla['executables']} XLA executables in the process{_compiled_for(xla)}, none compiled in the window"
+    if xla.executables:
+        seen = f"{xla.executables} XLA executables in the process{_compiled_for(xla)}, none compiled in the window"
     else:
         seen = "XLA runs the step, but the profile lists no executable and no compile in the window"
     text = f"{seen}: compile time is not measured here, and no gain is estimated from it."
@@ -418,10 +418,10 @@ def notes(wait: Wait) -> list[str]:
 UNRECORDED = "Unrecorded XLA"  # the note's first words (tests/corpus_expectations.py reads them)
 
 
-def _unrecorded_note(wait: Wait, xla: dict) -> str:
-    steps, shapes = xla["steps"], xla["shapes"]
+def _unrecorded_note(wait: Wait, xla: XlaFigures) -> str:
+    steps, shapes = xla.steps, xla.shapes
     text = (
-        f"{UNRECORDED}: XLA ran the steps, {xla['executables']} executables of the step in the process"
+        f"{UNRECORDED}: XLA ran the steps, {xla.executables} executables of the step in the process"
         f"{_compiled_for(xla)} (its module taken to be the one compiled last), and this profile records none of its "
         "events, neither its runs nor its compiles (TensorFlow 2.17's XLA on a CPU records none; 2.21's does): the "
         "step's time outside input wait is the model's compute, compiling and per-step overhead together, and no "
