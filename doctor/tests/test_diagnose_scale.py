@@ -539,11 +539,11 @@ def test_analyze_run_reads_the_newest_sub_run_not_the_first_by_name(profiles, tm
         folder.mkdir(parents=True)
         shutil.copy(profiles[how], folder / "host.xplane.pb")
     profile = analysis.analyze_run(tmp_path / "run")
-    assert "b_newer" in profile["session"] and profile["has_step_markers"]
+    assert "b_newer" in profile.session and profile.has_step_markers
     own = tmp_path / "run" / "plugins" / "profile" / "2025_01_01_00_00_00"  # older, but the run's own
     own.mkdir(parents=True)
     shutil.copy(profiles["spe4"], own / "host.xplane.pb")
-    assert analysis.analyze_run(tmp_path / "run")["session"] == str(own)
+    assert analysis.analyze_run(tmp_path / "run").session == str(own)
 
 
 @pytest.mark.long

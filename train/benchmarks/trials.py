@@ -122,9 +122,10 @@ class Variant:
         finally:
             tf.profiler.experimental.stop()
         try:
-            return analysis.analyze_run(logdir)
+            found = analysis.analyze_run(logdir)
         except analysis.ProfileError:
             return None
+        return found.to_json() if found else None
 
     def stats(self) -> dict:
         return stats.summarize(self.samples)

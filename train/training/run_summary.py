@@ -164,15 +164,15 @@ def _profile_figures(run_dir: Path) -> dict:
     from step_doctor.diagnose import analysis
 
     try:
-        profile = analysis.analyze_run(run_dir)
+        found = analysis.analyze_run(run_dir)
     except analysis.ProfileError as error:
         return {"profile": {"error": str(error)}, "input_bound_percent": None, "device_busy_percent": None}
-    if profile is None:
+    if found is None:
         return {"profile": None, "input_bound_percent": None, "device_busy_percent": None}
     return {
-        "profile": profile,
-        "input_bound_percent": profile["input_bound_percent"],
-        "device_busy_percent": profile["device_busy_percent"],
+        "profile": found.to_json(),
+        "input_bound_percent": found.input_bound_percent,
+        "device_busy_percent": found.device_busy_percent,
     }
 
 

@@ -272,12 +272,12 @@ def _slow_stages(wait: Wait, top: int = 5) -> tuple[SlowStage, ...]:
     return tuple(stages[:top])
 
 
-def analyze_run(run_dir: Path) -> dict | None:
+def analyze_run(run_dir: Path) -> Profile | None:
     """The analysis of the run's own newest profile, else the newest of its sub-runs' (the Keras callback
-    writes into run/train/), as the `profile` object of the `diagnose --json` document; None when it has none."""
+    writes into run/train/); None when it has none."""
     sessions = find_profile_sessions(run_dir)
     own = sessions.get(".")
     if own is None and sessions:
         # session folders are named by capture time (2026_12_03_18_05_29); the newest capture is the run's last word
         own = max(sessions.values(), key=lambda session: (session.name, session.stat().st_mtime))
-    return analyze_session(own).to_json() if own else None
+    return analyze_session(own) if own else None
