@@ -43,6 +43,7 @@ def _sibling(name: str):
 
 
 keras_fit = _sibling("keras_fit")
+jax_capture = _sibling("jax_capture")
 consume_fix = _sibling("consume_fix")
 DEFAULT_STEPS, TRAINERS = keras_fit.DEFAULT_STEPS, keras_fit.TRAINERS
 
@@ -95,7 +96,7 @@ class _Watcher:
         return spec
 
 
-class Capture(keras_fit.FitCapture):
+class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
     """One per process: the window, the profiler session, and the status file."""
 
     def __init__(self, settings: dict):
@@ -105,8 +106,11 @@ class Capture(keras_fit.FitCapture):
         self.seconds = settings.get("seconds")
         self.window = self.steps or DEFAULT_STEPS
         self.window_from = "--steps" if self.steps else "default"
-        self.tf = None
+        self.tf = self.jax = None
         self.start_profiler = None
+        self.session = None  # whose profiler the window runs: "tensorflow" or "jax"
+        self.exit_registered = False
+        self.compiles = []
         self.state = "waiting"  # waiting -> active -> done | skipped | failed
         self.in_keras = 0
         self.fit_used = False
@@ -206,9 +210,14 @@ class Capture(keras_fit.FitCapture):
             )
             return
         try:
-            self.start_profiler(run_dir)
+            if self.uses_jax():
+                self.start_jax(run_dir)
+                self.session = "jax"
+            else:
+                self.start_profiler(run_dir)
+                self.session = "tensorflow"
         except Exception as error:  # the script's own session runs, or the profiler failed
-            other = type(error).__name__ == "AlreadyExistsError"
+            other = type(error).__name__ == "AlreadyExistsError" or "already" in str(error).lower()
             self.state = "skipped" if other else "failed"
             self.status["capture"] = {"state": self.state, "at": where, "error": f"{type(error).__name__}: {error}"}
             if other:
@@ -219,7 +228,7 @@ class Capture(keras_fit.FitCapture):
             self.save()
             return
         self.state = "active"
-        self.status["capture"] = {"state": "active", "at": where, "started_at": time.time()}
+        self.status["capture"] = {"state": "active", "at": where, "started_at": time.time(), "profiler": self.session}
         self.save()
 
     def end(self, why: str) -> None:
@@ -237,7 +246,10 @@ class Capture(keras_fit.FitCapture):
             # the parent reports as such.
             self.save()
             try:
-                self.tf.profiler.experimental.stop()
+                if self.session == "jax":
+                    self.stop_jax(os.path.join(self.settings["logdir"], self.status["run"]))
+                else:
+                    self.tf.profiler.experimental.stop()
                 capture.update(state="done")
             except Exception as error:
                 capture.update(state="failed", error=f"{type(error).__name__}: {error}")
@@ -258,7 +270,7 @@ class Capture(keras_fit.FitCapture):
     def on_tensorflow(self, module) -> None:
         self.tf = module
         self.status["tensorflow_at"] = time.time()
-        atexit.register(self.at_exit)  # registered after TensorFlow's own, so it runs before them
+        self.register_exit()
         functions = sys.modules.get(FUNCTIONS)
         if functions is not None:
             self._wrap_calls(functions.Function)
@@ -354,6 +366,12 @@ class Capture(keras_fit.FitCapture):
             if (len(times) >= 3 and quiet > max(2.0, 5 * gaps[len(gaps) // 2])) or now - started > limit:
                 self.end("the step function was not called for a while (the loop ended or stalled)")
 
+    def register_exit(self) -> None:
+        """Registered after TensorFlow's (or JAX's) own exit handlers, so it runs before them."""
+        if not self.exit_registered:
+            atexit.register(self.at_exit)
+            self.exit_registered = True
+
     def at_exit(self) -> None:
         self.end("the process exited")
         self.save()
@@ -380,7 +398,7 @@ def install() -> Capture | None:
     if not isinstance(settings, dict):
         return None
     capture = Capture(settings)
-    hooks = {"tensorflow": capture.on_tensorflow}
+    hooks = {"tensorflow": capture.on_tensorflow, "jax": capture.on_jax}
     for module, class_name in TRAINERS.items():
         hooks[module] = lambda loaded, class_name=class_name: capture.on_trainer(loaded, class_name)
     before = {"tensorflow": _guarded(capture, capture.before_tensorflow)}

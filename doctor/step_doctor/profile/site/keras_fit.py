@@ -17,6 +17,7 @@ import time
 DEFAULT_STEPS = (5, 16)  # the first steps trace, compile and fill autotuned buffers; 12 steps give a verdict
 TRAINERS = {  # module -> the class whose `fit` is wrapped
     "keras.src.backend.tensorflow.trainer": "TensorFlowTrainer",  # Keras 3
+    "keras.src.backend.jax.trainer": "JAXTrainer",  # Keras 3 with KERAS_BACKEND=jax (jax_capture.py)
     "tf_keras.src.engine.training": "Model",  # tf_keras (Keras 2 for TensorFlow 2.16+)
     "keras.src.engine.training": "Model",  # Keras 2.13-2.15
 }
@@ -66,6 +67,7 @@ class FitCapture:
                 capture.take_over_profilers(list(getattr(callbacks, "callbacks", [])), model)
                 callbacks.append(own)
             capture.fit_used = True
+            capture.keras_backend = "jax" if capture.jax_trainer(model) else "tensorflow"
             capture.status["mode"] = "keras-fit"
             capture.in_keras += 1
             capture.fitting += 1
@@ -144,6 +146,11 @@ class FitCapture:
                 "are written as usual)."
             )
 
+    @staticmethod
+    def jax_trainer(model) -> bool:
+        """Whether this Keras model trains with Keras 3's JAX trainer (KERAS_BACKEND=jax)."""
+        return any(cls.__module__ == "keras.src.backend.jax.trainer" for cls in type(model).__mro__)
+
     def fit_begin(self, remaining: int | None) -> None:
         """Move the default window into a short fit (`remaining` steps, when Keras knows them)."""
         if self.state != "waiting" or self.window_from != "default" or not remaining:
@@ -171,7 +178,10 @@ class FitCapture:
             self.status["window"] = {"steps": list(self.window), "from": self.window_from}
             self.begin(f"step {self.step}")
         if self.state == "active":
-            self.trace = self.tf.profiler.experimental.Trace("train", step_num=self.step, _r=1)
+            if self.session == "jax":
+                self.trace = self.jax_step_marker(self.step)
+            else:
+                self.trace = self.tf.profiler.experimental.Trace("train", step_num=self.step, _r=1)
             self.trace.__enter__()
 
     def step_end(self, batch: int) -> None:

@@ -1,0 +1,132 @@
+"""JAX under profile (part of capture.py's Capture): JAX's profiler, its step markers, and a custom loop's window.
+
+A script that trains with JAX (Keras 3 with KERAS_BACKEND=jax, or a plain JAX/Flax loop) is captured with
+`jax.profiler`, which writes the same XSpace profile TensorFlow's profiler writes, with XLA's execution and, on a
+GPU, the device planes. Where the script also imported TensorFlow (a tf.data input pipeline), TensorFlow's profiler
+runs over the same window: tf.data's stages are recorded only by TensorFlow's own recorder. Its file is moved into
+JAX's session folder as `<host>-tensorflow.xplane.pb`, and `diagnose` lays the two on one clock (each file carries
+its absolute start time).
+
+- Keras `fit` on the JAX backend: keras_fit.py's callback marks each step with `jax.profiler.StepTraceAnnotation`
+  (the JAX trainer fetches a batch before its step's callback, so a step's input wait falls before its marker:
+  `diagnose` counts a JAX step from one marker's start to the next).
+- A plain JAX loop (no `fit`): nothing in Python sees a jitted function's calls (JAX runs them in C++), so the
+  window is time-based: it starts once JAX has compiled and `START_AFTER_S` have passed without a compile (or
+  `SETTLE_MAX_S` after the first, for a loop that compiles every step), and lasts `--seconds` (2 s by default);
+  `diagnose` infers the steps from the jitted step's executions.
+
+Standard library only, like capture.py; JAX is used once the script imported it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+START_AFTER_S = 1.0  # quiet after the last compile before a loop's window starts ...
+SETTLE_MAX_S = 10.0  # ... or this long after the first compile, whichever comes first
+LOOP_SECONDS = 2.0  # a plain JAX loop's window without --seconds
+COMPILED = "backend_compile_duration"  # the suffix of JAX's monitoring event for one XLA compile
+
+
+class JaxCapture:
+    """The JAX half of Capture (capture.py), which holds the state: window, session, begin() and end()."""
+
+    jax = None
+    keras_backend = None
+    compiles: list
+    tf_side: str | None = None
+
+    def on_jax(self, module) -> None:
+        self.jax = module
+        self.compiles = []
+        self.status["jax_at"] = time.time()
+        self.register_exit()
+        monitoring = getattr(module, "monitoring", None)
+        if monitoring is not None and hasattr(monitoring, "register_event_duration_secs_listener"):
+            monitoring.register_event_duration_secs_listener(self._on_jax_event)
+        self.save()
+
+    def uses_jax(self) -> bool:
+        """Whether the steps being captured are JAX's: Keras fit on the JAX backend, or a loop with no TF steps."""
+        if self.jax is None:
+            return False
+        if self.fit_used:
+            return self.keras_backend == "jax"
+        return self.status.get("mode") == "jax-loop"
+
+    # ---- the profiler sessions -------------------------------------------------------------------
+
+    def start_jax(self, run_dir: str) -> None:
+        """JAX's profiler over the window, and TensorFlow's beside it where the script imported TensorFlow."""
+        self.jax.profiler.start_trace(run_dir)
+        self.tf_side = None
+        if self.tf is not None and self.start_profiler is not None:
+            side = tempfile.mkdtemp(prefix="step-doctor-tf-")
+            try:
+                self.start_profiler(side)
+                self.tf_side = side
+            except Exception as error:  # JAX's capture goes on; tf.data's stages are then not named
+                shutil.rmtree(side, ignore_errors=True)
+                self.status["notes"].append(
+                    f"TensorFlow's profiler could not run beside JAX's ({type(error).__name__}: {error}): the "
+                    "profile has no tf.data stages."
+                )
+
+    def stop_jax(self, run_dir: str) -> None:
+        try:
+            self.jax.profiler.stop_trace()
+        finally:
+            if self.tf_side is not None:
+                side, self.tf_side = self.tf_side, None
+                try:
+                    self.tf.profiler.experimental.stop()
+                finally:
+                    self._move_tensorflow_file(side, run_dir)
+
+    @staticmethod
+    def _move_tensorflow_file(side: str, run_dir: str) -> None:
+        """TensorFlow's xplane into JAX's newest session folder of this run, as <host>-tensorflow.xplane.pb."""
+        sessions = sorted(glob.glob(os.path.join(run_dir, "plugins", "profile", "*")))
+        written = glob.glob(os.path.join(side, "plugins", "profile", "*", "*.xplane.pb"))
+        try:
+            if sessions and written:
+                host = os.path.basename(written[0])[: -len(".xplane.pb")]
+                shutil.move(written[0], os.path.join(sessions[-1], f"{host}-tensorflow.xplane.pb"))
+        finally:
+            shutil.rmtree(side, ignore_errors=True)
+
+    def jax_step_marker(self, step: int):
+        return self.jax.profiler.StepTraceAnnotation("train", step_num=step)
+
+    # ---- a plain JAX loop: a time window after the compiles ----------------------------------------
+
+    def _on_jax_event(self, name: str, seconds: float, **kwargs) -> None:
+        if not name.endswith(COMPILED) or os.getpid() != self.pid:
+            return
+        self.compiles.append(time.time())
+        if len(self.compiles) == 1 and not self.fit_used and self.state == "waiting":
+            threading.Thread(target=self._watch_jax_loop, name="profile-jax-window", daemon=True).start()
+
+    def _watch_jax_loop(self) -> None:
+        first = self.compiles[0]
+        while self.state == "waiting" and not self.fit_used:
+            now = time.time()
+            if now - self.compiles[-1] >= START_AFTER_S or now - first >= SETTLE_MAX_S:
+                break
+            time.sleep(0.05)
+        with self.lock:
+            if self.state != "waiting" or self.fit_used or self.calls:  # Keras fit, or TensorFlow's own steps
+                return
+            seconds = self.seconds or LOOP_SECONDS
+            self.status["mode"] = "jax-loop"
+            self.status["window"] = {"seconds": seconds, "after_first_compile_s": round(time.time() - first, 2)}
+            self.begin(f"{time.time() - first:.1f} s after JAX's first compile")
+        started = time.time()
+        while self.state == "active" and time.time() - started < seconds:
+            time.sleep(0.05)
+        self.end(f"the window's {seconds:g} s ended")
