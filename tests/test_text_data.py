@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tests.text_helpers import tiny_data_config, tiny_text_spec  # noqa: F401 (a fixture)
-from train.text import build, raw_shards, token_records, vocabulary
-from train.text import spec as spec_lib
-from train.text.corpus import Corpus, CorpusShape, pseudo_words
+from train.workloads.text import build, raw_shards, token_records, vocabulary
+from train.workloads.text import spec as spec_lib
+from train.workloads.text.corpus import Corpus, CorpusShape, pseudo_words
 
 
 def test_the_corpus_is_seeded_and_has_the_statistics_of_text():

@@ -16,8 +16,8 @@ import tensorflow as tf
 from tests.conftest import ROOT
 from tests.text_helpers import build, preset_knobs, tiny_text_spec  # noqa: F401
 from train import models
-from train.text import pipeline, raw_shards, vocabulary
-from train.text.model import TokenInput, serving_model
+from train.workloads.text import pipeline, raw_shards, vocabulary
+from train.workloads.text.model import TokenInput, serving_model
 
 SMALL = {"dim": 16, "heads": 2, "feed_forward": 32}
 
@@ -101,8 +101,8 @@ COMPILES = textwrap.dedent(
     from pathlib import Path
     from tests.text_helpers import build, preset_knobs, tiny_data_config
     from train import models
-    from train.text import build as build_lib, figures, pipeline
-    from train.text.model import TokenInput
+    from train.workloads.text import build as build_lib, figures, pipeline
+    from train.workloads.text.model import TokenInput
 
     spec, _ = build_lib.prepare(tiny_data_config(Path(sys.argv[1])), log=lambda line: None)
     knobs, _ = pipeline.resolve(preset_knobs("optimized", token_budget=1024, bucket_lengths=[64, 160, 512]), spec)

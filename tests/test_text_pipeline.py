@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tests.text_helpers import all_texts, build, preset_knobs, texts_of, tiny_text_spec  # noqa: F401
-from train.text import buckets, figures, packing, pipeline
+from train.workloads.text import buckets, figures, packing, pipeline
 
 BATCHINGS = ("pad_max", "pad_batch", "bucket", "pack")
 

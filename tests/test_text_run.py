@@ -37,7 +37,7 @@ def tiny_text(data_dir: Path) -> list[str]:
 
 def write_corpus_csv(path: Path, count: int) -> Path:
     """`count` rows of the built-in corpus (a learnable label) as a CSV with its own column names."""
-    from train.text.corpus import Corpus, CorpusShape
+    from train.workloads.text.corpus import Corpus, CorpusShape
 
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -70,8 +70,8 @@ def test_tune_searches_the_text_knobs_and_the_text_bench_has_no_data_service_var
     from train.benchmarks.tune import space
     from train.cli import benchmarks, build_parser
     from train.core.errors import UserError
-    from train.text.spec import TextSpec
     from train.training import devices
+    from train.workloads.text.spec import TextSpec
 
     parse = lambda *argv: benchmarks.benchmark_options(build_parser().parse_args(list(argv)))  # noqa: E731
     tune = parse("tune", "--config", "configs/text/optimized.yaml")
@@ -109,8 +109,8 @@ def test_sweep_batch_sizes_a_text_batch_by_its_slots(tmp_path):
     from train import config
     from train.benchmarks import sweep
     from train.core import outputs
-    from train.text.spec import TextSpec
     from train.training import guards
+    from train.workloads.text.spec import TextSpec
 
     spec = TextSpec("t", tmp_path, "builtin", ("a", "b"), 100, 512, 10, 2, (), (), (), (), (0,) * 513)
     optimized = config.load(ROOT / "configs/text/optimized.yaml")

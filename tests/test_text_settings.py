@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import ROOT
 from train import config, models
 from train.core.errors import UserError
-from train.text import model as text_model  # noqa: F401 (registers the text models)
+from train.workloads.text import model as text_model  # noqa: F401 (registers the text models)
 
 PRESETS = sorted((ROOT / "configs/text").glob("*.yaml"))
 

@@ -10,8 +10,8 @@ import pytest
 
 from tests.text_helpers import tiny_data_config
 from train.core.errors import UserError
-from train.text import build, raw_shards, user_text
-from train.text import spec as spec_lib
+from train.workloads.text import build, raw_shards, user_text
+from train.workloads.text import spec as spec_lib
 
 REVIEWS = [
     ("A wonderful film, I loved it.", "pos"),

@@ -16,7 +16,7 @@ TINY_TEXT = {"num_train": 192, "num_val": 48, "num_shards": 2, "max_tokens": 300
 
 
 def tiny_data_config(data_dir: Path, **changes):
-    from train.text.settings import TextDataConfig
+    from train.workloads.text.settings import TextDataConfig
 
     return TextDataConfig(data_dir=str(data_dir), **{**TINY_TEXT, **changes})
 
@@ -24,7 +24,7 @@ def tiny_data_config(data_dir: Path, **changes):
 @pytest.fixture(scope="session")
 def tiny_text_spec(tmp_path_factory):
     """A 2-shard synthetic text dataset of 192 + 48 texts (built once; `prepare` finds it when built)."""
-    from train.text import build
+    from train.workloads.text import build
 
     data_dir = tmp_path_factory.getbasetemp() / "text-data"
     spec, _ = build.prepare(tiny_data_config(data_dir), log=lambda line: None)
@@ -40,7 +40,7 @@ def preset_knobs(preset: str, **changes):
 
 def build(spec, knobs, *, training: bool, **options):
     """The pipeline of `knobs` with the data-dependent `auto`s resolved for `spec`."""
-    from train.text import pipeline
+    from train.workloads.text import pipeline
 
     resolved, _ = pipeline.resolve(knobs, spec)
     return pipeline.build(pipeline.input_files(spec, resolved, training), spec, resolved, training=training, **options)

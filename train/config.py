@@ -19,8 +19,8 @@ import yaml
 from train.config_rules import PHOTO_TRANSFORMS, TRANSFORMS, _Problems, check_ranges
 from train.core import files
 from train.core.errors import UserError, did_you_mean
-from train.text.settings import TextConfig
-from train.text.settings import check as check_text
+from train.workloads.text.settings import TextConfig
+from train.workloads.text.settings import check as check_text
 
 __all__ = ["PHOTO_TRANSFORMS", "TRANSFORMS", "Config", "load", "save", "to_dict"]
 
@@ -158,7 +158,7 @@ class Config:
     description: str = ""
     runs_dir: str = "runs"
     # image: data/pipeline sections, built by train/input/pipeline.py; text: the `text:` section (text.data,
-    # text.pipeline: train/text/settings.py), built by train/text/pipeline.py. The rest is shared.
+    # text.pipeline: train/workloads/text/settings.py), built by train/workloads/text/pipeline.py. The rest is shared.
     task: Literal["image", "text"] = "image"
     data: DataConfig = field(default_factory=DataConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
@@ -355,7 +355,7 @@ def load(
         from train.core.quiet import import_tensorflow
 
         import_tensorflow()
-        from train.text import model as _registers_the_text_models  # noqa: F401
+        from train.workloads.text import model as _registers_the_text_models  # noqa: F401
     from train import models
 
     cfg.model.params = models.resolve_params(cfg.model.name, cfg.model.params, source)

@@ -24,10 +24,10 @@ from train import sources
 from train.benchmarks import stats
 from train.config import Config
 from train.input import pipeline
-from train.measure import text_throughput
 from train.shards.spec import DatasetSpec
-from train.text import pipeline as text_pipeline
 from train.training import devices, plan, setup
+from train.workloads.text import meter as text_throughput
+from train.workloads.text import pipeline as text_pipeline
 
 PREROLL_S = 0.25  # untimed steps before each trial ...
 PREROLL_CALLS = 2  # ... and at least this many executions
@@ -331,7 +331,7 @@ def text_pipeline_cost(cfg: Config, spec, found: devices.Devices, seconds: float
     pipeline_cost measures an image pipeline; caches filled first (one epoch)."""
     import numpy as np
 
-    from train.text import figures as text_figures
+    from train.workloads.text import figures as text_figures
 
     made = setup.plan(cfg, found, spec)
     (tokens, texts), cpu, elapsed, growth = _alone(
@@ -356,7 +356,7 @@ def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | No
     """
     print(scenario.why + ".", flush=True)
     if configs[0].task == "text":
-        from train.text import build as text_build
+        from train.workloads.text import build as text_build
 
         spec, built = text_build.prepare(configs[0].text.data)
     else:

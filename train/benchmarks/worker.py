@@ -76,7 +76,7 @@ class Worker:
             if not tf.config.list_physical_devices("GPU"):
                 devices.split_cpu(cfg.train.cpu_replicas)
         if cfg.task == "text":
-            from train.text import build as text_build
+            from train.workloads.text import build as text_build
 
             spec = text_build.locate(cfg.text.data)
         else:
@@ -127,7 +127,7 @@ class Worker:
 
         cfg = config_lib.load(config)
         if cfg.task == "text":
-            from train.text import build as text_build
+            from train.workloads.text import build as text_build
 
             return trials.text_pipeline_cost(cfg, text_build.locate(cfg.text.data), devices.detect(), seconds)
         return trials.pipeline_cost(cfg, sources.locate(cfg.data), devices.detect(), seconds)

@@ -22,7 +22,7 @@ def cmd_data(args) -> int:
     cfg = arguments.load(args)
     import_tensorflow()
     if cfg.task == "text":
-        from train.text import build as text_build
+        from train.workloads.text import build as text_build
 
         spec, built = text_build.prepare(cfg.text.data)
         verb = "Built" if built else "Already built (nothing to do)"

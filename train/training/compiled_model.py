@@ -3,7 +3,7 @@ planned precision policy, distribution strategy, XLA and steps per execution.
 
 With pipeline.augment: device the model starts with the augmentation layer
 (augment.DeviceAugment), so the saved model holds it too. A text model (task: text) takes the token
-ids of train/text/pipeline.py; run_summary.finish saves it behind the dataset's TextVectorization too.
+ids of train/workloads/text/pipeline.py; run_summary.finish saves it behind the dataset's TextVectorization too.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def learning_rate(cfg: Config, replicas: int, total_steps: int | None = None):
 
 
 def text_input(cfg: Config, spec):
-    """What a text model's inputs look like for this run (train/text/model.py's TokenInput)."""
-    from train.text.model import TokenInput
+    """What a text model's inputs look like for this run (train/workloads/text/model.py's TokenInput)."""
+    from train.workloads.text.model import TokenInput
 
     knobs = cfg.text.pipeline
     return TokenInput(spec.vocab_size, spec.max_length, knobs.batching == "pack", knobs.max_segments)

@@ -15,12 +15,12 @@ from step_doctor.callbacks import StepTraceProfiler
 from train.config import Config
 from train.core import files
 from train.core.errors import Stopped
-from train.measure import text_throughput
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.throughput import StepTimer
 from train.training import checkpoint, compiled_model, epoch, guards, plan, run_summary
 from train.training import setup as setup_lib
 from train.training.setup import RunSetup
+from train.workloads.text import meter as text_throughput
 
 
 def run(

@@ -25,9 +25,9 @@ from train.config import Config, PipelineConfig, TrainConfig
 from train.core.errors import UserError
 from train.input import pipeline
 from train.shards.spec import DatasetSpec
-from train.text import pipeline as text_pipeline
 from train.training.devices import Devices
 from train.training.strategy import make_strategy
+from train.workloads.text import pipeline as text_pipeline
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,11 +11,11 @@ import tensorflow as tf
 from train.config import Config
 from train.input import pipeline
 from train.shards.spec import DatasetSpec
-from train.text import pipeline as text_pipeline
-from train.text.spec import TextSpec
 from train.training.devices import Devices
 from train.training.plan import Choices
 from train.training.task import Task
+from train.workloads.text import pipeline as text_pipeline
+from train.workloads.text.spec import TextSpec
 
 
 @dataclasses.dataclass

@@ -139,8 +139,8 @@ def _serving(setup: RunSetup, model: keras.Model) -> keras.Model:
     """The trained text model behind the dataset's TextVectorization: raw strings in, logits out. A model
     trained on packed rows is rebuilt for unpacked ones first (the same layers and weights)."""
     from train import models
-    from train.text import model as text_model
-    from train.text.vocabulary import load_vocabulary
+    from train.workloads.text import model as text_model
+    from train.workloads.text.vocabulary import load_vocabulary
 
     spec = setup.spec
     if isinstance(model.input, dict):

@@ -1,6 +1,6 @@
 """One run set-up, whatever loop runs it: everything before the first step.
 
-    config -> the dataset (images: shards/catalog via sources.py; task: text, train/text/build.py)
+    config -> the dataset (images: shards/catalog via sources.py; task: text, train/workloads/text/build.py)
            -> the plan (plan.py: every `auto` decided for the detected devices and the dataset,
               the strategy, the global batch) -> data checked (data_checks.py)
            -> run folder, fresh or where a run stopped, with the resolved config (run_folder.py)
@@ -23,7 +23,6 @@ from train import sources
 from train.config import Config
 from train.core.errors import UserError
 from train.shards import integrity
-from train.text import build as text_build
 from train.training import data_checks, devices, run_folder
 from train.training.compiled_model import build_model
 from train.training.plan import Plan, check_batch_size, plan, resolve, warmup_steps
@@ -31,6 +30,7 @@ from train.training.run_setup import RunSetup
 from train.training.run_summary import finish, summary
 from train.training.strategy import make_strategy
 from train.training.task import Task, current_task
+from train.workloads.text import build as text_build
 
 # What the loops (fit_loop, multi_worker) and the benchmarks import from here; all but prepare and
 # data_error live in the modules imported above.

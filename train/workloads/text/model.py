@@ -192,11 +192,11 @@ def text_transformer(
 def serving_model(model: keras.Model, vocabulary: list[str], max_length: int) -> keras.Model:
     """`model` (trained on unpacked token ids) behind the dataset's TextVectorization: raw strings in, logits out.
 
-    The layer is built from the saved vocabulary (train.text.vocabulary.load_vocabulary), so it maps words
+    The layer is built from the saved vocabulary (train.workloads.text.vocabulary.load_vocabulary), so it maps words
     to the ids the model was trained on; texts longer than `max_length` tokens are cut, as when the dataset
     was built.
     """
-    from train.text import vocabulary as vocabulary_lib
+    from train.workloads.text import vocabulary as vocabulary_lib
 
     if isinstance(model.input, dict):
         raise ValueError("serving_model takes a model of unpacked rows; build one with TokenInput(packed=False)")

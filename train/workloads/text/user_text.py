@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from train.core.errors import UserError, did_you_mean
-from train.text.settings import TextDataConfig
+from train.workloads.text.settings import TextDataConfig
 
 SPLIT_FOLDERS = ("validation", "val", "test")
 SKIP_HINT = "or set text.data.bad_rows=skip to leave such rows out (they are counted)"

@@ -38,7 +38,7 @@ class TextDataConfig:
 
 @dataclass
 class TextPipelineConfig:
-    """Every knob of the text pipeline builder (train/text/pipeline.py)."""
+    """Every knob of the text pipeline builder (train/workloads/text/pipeline.py)."""
 
     # python: a generator reads the raw texts and tokenizes each in Python (split + dict lookup);
     # tfrecord: the token ids written when the dataset was built, read by tf.data

@@ -1,5 +1,5 @@
 """What a text run's steps cost in tokens: real tokens/s, padded slots/s, padding share, the distinct input
-shapes, XLA compiles and the seconds they took. The figures of train/text/figures.py, taken during training.
+shapes, XLA compiles and the seconds they took. The figures of train/workloads/text/figures.py, taken during training.
 
 Examples/s says little for text: a bucketed batch holds 32 to 256 texts, and a padded one mostly padding.
 So the training dataset ends in a map that adds each batch's real tokens, slots and texts to a variable as
@@ -8,7 +8,7 @@ and records the batch's shape. `TextFigures`, a callback, reads them after every
 steady-state steps' counts to their step time (warm-up excluded, as StepTimer does) and notes the first
 step of every new shape: with XLA that step compiles, so its excess over the shape's usual step time is the
 compile's cost. The compiles themselves are counted from an XLA dump of the run (`xla_dump`), one module per
-compile, as train/text/measure.py counted them.
+compile.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 
 from train.core import files
-from train.text import figures
+from train.workloads.text import figures
 
 # the run's figures written as TensorBoard scalars (text/run_<key>, step 0) besides the per-epoch ones
 SCALARS = (

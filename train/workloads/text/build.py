@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from train.core.errors import UserError, did_you_mean
-from train.text import raw_shards, token_records, user_text, vocabulary
-from train.text import spec as spec_lib
-from train.text.corpus import Corpus, CorpusShape
-from train.text.settings import TextDataConfig
+from train.workloads.text import raw_shards, token_records, user_text, vocabulary
+from train.workloads.text import spec as spec_lib
+from train.workloads.text.corpus import Corpus, CorpusShape
+from train.workloads.text.settings import TextDataConfig
 
 KINDS = {
     "synthetic": "synthetic (the built-in corpus)",

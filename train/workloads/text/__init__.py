@@ -1,4 +1,4 @@
-"""The text task: classification of raw text, where GPUs starve on Python tokenization, padding
+"""The text workload: classification of raw text, where GPUs starve on Python tokenization, padding
 and recompilation.
 
     settings.py      the typed knobs of the text data and the text pipeline
@@ -14,7 +14,7 @@ and recompilation.
     pipeline.py      the one text pipeline builder (naive and optimized are presets of its knobs)
     model.py         a Transformer encoder that respects the padding (and segment) mask; serving raw strings
     figures.py       real tokens, padded slots, padding share and distinct shapes of a pipeline's batches
-    measure.py       the measurements of docs/text.md (a standalone harness)
+    meter.py         what a text run measures as it trains: real tokens/s, padding, shapes, XLA compiles
 
 Modules import their siblings by full path; this file re-exports nothing.
 """

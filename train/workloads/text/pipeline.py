@@ -34,10 +34,10 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from train.text import buckets, packing, raw_shards, token_records
-from train.text.settings import TextPipelineConfig
-from train.text.spec import TextSpec
-from train.text.vocabulary import PythonTokenizer, load_vocabulary
+from train.workloads.text import buckets, packing, raw_shards, token_records
+from train.workloads.text.settings import TextPipelineConfig
+from train.workloads.text.spec import TextSpec
+from train.workloads.text.vocabulary import PythonTokenizer, load_vocabulary
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -71,7 +71,7 @@ def require_resolved(knobs: TextPipelineConfig) -> None:
     if undecided:
         raise ValueError(
             f"The text pipeline needs {', '.join(undecided)} decided for the dataset: call "
-            "train.text.pipeline.resolve(knobs, spec) first (a run's set-up does)."
+            "train.workloads.text.pipeline.resolve(knobs, spec) first (a run's set-up does)."
         )
 
 
