@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xla, xprof_converter, xspace
 from step_doctor.diagnose.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
@@ -176,72 +177,83 @@ def _large_note(profile_mb: float, seconds: float) -> str:
     )
 
 
-def _xprof_breakdown(xplanes: list[str], session: Path) -> dict:
-    """xprof's step table: its figures, per-step rows, diagnostics, conclusion and hardware type."""
+class _Xprof(NamedTuple):
+    """xprof's step table: its figures, its steps, diagnostics, conclusion and hardware type."""
+
+    figures: StepBreakdown
+    steps: int
+    diagnostics: tuple[str, ...]
+    hardware: str
+    conclusion: str
+
+
+def _xprof_breakdown(xplanes: list[str], session: Path) -> _Xprof:
     tables = _tool_data(xplanes, "input_pipeline_analyzer")
     step_table = _table_with(tables, "steptime_ms_average")
     if step_table is None:
         raise ProfileError(f"xprof's input-pipeline analysis of {session} has no step-time table")
     props = step_table["p"]
-    return {
-        "figures": {name: float(props.get(key) or 0.0) for name, key in STEP_FIELDS.items()},
-        "steps": _rows(step_table),
-        "diagnostics": [r.get("message") for r in _rows(_table_with(tables, "severity")) if r.get("message")],
-        "hardware": props.get("hardware_type", "unknown"),
-        "conclusion": props.get("input_conclusion", ""),
-    }
+    return _Xprof(
+        figures=StepBreakdown(**{name: float(props.get(key) or 0.0) for name, key in STEP_FIELDS.items()}),
+        steps=len(_rows(step_table)),
+        diagnostics=tuple(r.get("message") for r in _rows(_table_with(tables, "severity")) if r.get("message")),
+        hardware=props.get("hardware_type", "unknown"),
+        conclusion=props.get("input_conclusion", ""),
+    )
 
 
-def _profile(xprof: dict | None, wait: Wait, steps, planes_say: str, **about) -> Profile:
+def _trace_figures(wait: InputWait) -> StepBreakdown:
+    """The step breakdown of the trace's own steps (a stall is "other" here too)."""
+    device = wait.device
+    return StepBreakdown(
+        step_time_ms=wait.step_ms,
+        input_ms=wait.input_ms,
+        host_compute_ms=wait.host_compute_ms if device else wait.compute_ms,
+        device_compute_ms=device.busy_ms if device else 0.0,
+        device_to_device_ms=device.d2d_ms if device else 0.0,
+        device_collectives_ms=0.0,
+        kernel_launch_ms=device.launch_ms if device else 0.0,
+        compile_ms=wait.compile_ms,
+        output_ms=device.d2h_ms if device else 0.0,
+        other_ms=round(wait.overhead_ms + wait.stall_ms, 3),
+    )
+
+
+def _profile(xprof: _Xprof | None, wait: Wait, steps, planes_say: str, **about) -> Profile:
     """The profile with its step breakdown: xprof's where it ran and saw marked steps, else the trace's own. `about`:
     the rest of the profile's fields."""
-    hardware = xprof["hardware"] if xprof else planes_say
+    hardware = xprof.hardware if xprof else planes_say
     has_device = hardware not in ("CPU_ONLY", "unknown", "")
     if xprof:
-        has_markers = bool(xprof["steps"]) and xprof["figures"]["step_time_ms"] > 0
+        has_markers = bool(xprof.steps) and xprof.figures.step_time_ms > 0
     else:
         has_markers = bool(steps) and steps.source == step_windows.MARKERS and wait.measured
     measured = isinstance(wait, InputWait) and wait.measured
-    device = wait.device if measured else None
     # XLA compiling in the steps: xprof never classifies a TensorFlow host event as compile (on a CPU it is host
     # compute; a GPU profile's step time leaves it out), and its figures count the warm-up steps left out here
     compiled = measured and bool(wait.compile_ms or wait.xla.warm_up)
     if xprof and has_markers and not compiled:
-        figures = xprof["figures"]
+        figures = xprof.figures
     elif measured:  # no step xprof can see, or xprof not run: the breakdown of the steps, from the trace
-        figures = dict.fromkeys(STEP_FIELDS, 0.0)
-        figures.update(
-            step_time_ms=wait.step_ms,
-            input_ms=wait.input_ms,
-            host_compute_ms=wait.host_compute_ms if device else wait.compute_ms,
-            other_ms=round(wait.overhead_ms + (wait.stall_ms or 0.0), 3),  # a stall is "other" here too
-            compile_ms=wait.compile_ms or 0.0,
-        )
-        if device:
-            figures.update(
-                device_compute_ms=device.busy_ms,
-                kernel_launch_ms=device.launch_ms,
-                device_to_device_ms=device.d2d_ms,
-                output_ms=device.d2h_ms,
-            )
+        figures = _trace_figures(wait)
     else:
-        figures = xprof["figures"] if xprof else dict.fromkeys(STEP_FIELDS, 0.0)
-    step_ms = figures["step_time_ms"]
+        figures = xprof.figures if xprof else StepBreakdown(**dict.fromkeys(STEP_FIELDS, 0.0))
+    step_ms = figures.step_time_ms
     if measured:
         input_share = wait.input_percent
     else:
-        input_share = 100 * figures["input_ms"] / step_ms if has_markers and step_ms else None
-    xprof_step = xprof["figures"]["step_time_ms"] if xprof else 0.0
+        input_share = 100 * figures.input_ms / step_ms if has_markers and step_ms else None
+    xprof_step = xprof.figures.step_time_ms if xprof else 0.0
     return Profile(
         hardware_type=hardware,
         has_step_markers=has_markers,
-        steps=len(xprof["steps"]) if xprof and has_markers and not compiled else _steps(wait),
-        breakdown=StepBreakdown(**figures),
+        steps=xprof.steps if xprof and has_markers and not compiled else _steps(wait),
+        breakdown=figures,
         input_bound_percent=input_share,
-        xprof_input_percent=100 * xprof["figures"]["input_ms"] / xprof_step if xprof and has_markers else None,
-        device_busy_percent=100 * figures["device_compute_ms"] / step_ms if step_ms and has_device else None,
-        conclusion=xprof["conclusion"] if xprof and not compiled else "",  # else of figures not shown
-        diagnostics=tuple(xprof["diagnostics"]) if xprof else (),
+        xprof_input_percent=100 * xprof.figures.input_ms / xprof_step if xprof and has_markers else None,
+        device_busy_percent=100 * figures.device_compute_ms / step_ms if step_ms and has_device else None,
+        conclusion=xprof.conclusion if xprof and not compiled else "",  # else of figures not shown
+        diagnostics=xprof.diagnostics if xprof else (),
         wait=wait,
         **about,
     )

@@ -115,7 +115,7 @@ def under(path: str, root: str) -> bool:
     return path.startswith(root + "::")
 
 
-def head(stage: Stage, stages: Sequence[Stage]) -> dict:
+def head(stage: Stage, stages: Sequence[Stage]) -> Stage:
     """The stage a cause is named after: a generator rather than its FlatMap, a reader's FlatMap/Interleave."""
     below = [o for o in stages if under(o.path, stage.path)]
     if stage.kind == "FlatMap" and any(o.kind == "Generator" for o in below):

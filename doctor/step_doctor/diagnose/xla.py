@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections import defaultdict
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,7 +46,18 @@ HLO_PROTO = "Hlo Proto"
 SHOWN = 6  # compiled shapes listed
 PARSED = 64  # executables whose HloProto is read, at most
 OPAQUE = 0.05  # model ops under this share of the step, no XLA event, XLA executables in the process: unrecorded XLA
-NONE = {"executables": 0, "modules": 0, "compiled_shapes": [], "shapes_of": {}}
+
+
+class Executables(NamedTuple):
+    """The XLA executables of the step's module alive in the process, and the input shapes they were compiled for."""
+
+    count: int
+    modules: int  # HLO modules with an executable in the process
+    compiled_shapes: tuple[str, ...]  # the shapes that vary between them, in the order they were compiled
+    shapes_of: dict[int, str]  # by program id
+
+
+NONE = Executables(0, 0, (), {})
 
 
 def _disjoint(spans) -> list[tuple[float, float]]:
@@ -222,7 +234,7 @@ def _programs(trace: HostTrace, windows) -> dict[int, str]:
     return found
 
 
-def executables(space: xspace.XSpaceFile, modules: set[str], ran: set[int], newest: bool = False) -> dict:
+def executables(space: xspace.XSpaceFile, modules: set[str], ran: set[int], newest: bool = False) -> Executables:
     """The XLA executables alive in the process when the capture ended, of the HLO modules the steps ran or compiled
     (else of the module with the most, or with `newest` of the one compiled last: an unrecorded XLA's steps name no
     module, and tests or notebooks compile other models first), and the input shapes each was compiled for (by
@@ -236,7 +248,7 @@ def executables(space: xspace.XSpaceFile, modules: set[str], ran: set[int], newe
             if found:
                 by_module[found.group(1)].append(int(found.group(2)))
     if not by_module:
-        return dict(NONE)
+        return NONE
     likeliest = (lambda m: max(by_module[m])) if newest else (lambda m: len(by_module[m]))
     mine = (modules & set(by_module)) or {max(by_module, key=likeliest)}  # (an XLA with no stats)
     others = sorted(p for m in mine for p in by_module[m] if p not in ran)
@@ -252,12 +264,12 @@ def executables(space: xspace.XSpaceFile, modules: set[str], ran: set[int], newe
                     continue
     programs = sorted(shapes)
     varying = hlo.varying([shapes[p] for p in programs])
-    return {
-        "executables": sum(len(by_module[m]) for m in mine),
-        "modules": len(by_module),
-        "compiled_shapes": sorted(set(varying), key=varying.index),
-        "shapes_of": dict(zip(programs, varying)),
-    }
+    return Executables(
+        count=sum(len(by_module[m]) for m in mine),
+        modules=len(by_module),
+        compiled_shapes=tuple(sorted(set(varying), key=varying.index)),
+        shapes_of=dict(zip(programs, varying)),
+    )
 
 
 def _listed(space: xspace.XSpaceFile) -> bool:
@@ -296,9 +308,8 @@ def measure(trace: HostTrace, steps: Steps, ops_ms: float = 0.0, step_ms: float 
     used = used or unrecorded
     compiled = {str(e.args["name"]) for e in trace.xla_compiles if e.name in XLA_COMPILE_ONCE and e.args.get("name")}
     modules = set(programs.values()) | compiled
-    found = executables(trace.space, modules, set(programs), newest=unrecorded) if used else dict(NONE)
-    shapes_of = found.pop("shapes_of")
-    ran = [shapes_of[p] for p in sorted(programs) if p in shapes_of]
+    found = executables(trace.space, modules, set(programs), newest=unrecorded) if used else NONE
+    ran = [found.shapes_of[p] for p in sorted(programs) if p in found.shapes_of]
     return XlaFigures(
         used=used,
         recorded=not unrecorded,
@@ -321,9 +332,9 @@ def measure(trace: HostTrace, steps: Steps, ops_ms: float = 0.0, step_ms: float 
         )
         if steps.warm_up
         else None,
-        executables=found["executables"],
-        modules=found["modules"],
-        compiled_shapes=tuple(found["compiled_shapes"]),
+        executables=found.count,
+        modules=found.modules,
+        compiled_shapes=found.compiled_shapes,
     )
 
 
