@@ -42,8 +42,12 @@ def decode(encoded, label):
 
 def small_model():
     model = keras.Sequential(
-        [keras.Input((SIZE, SIZE, 3)), keras.layers.Conv2D(8, 3, strides=2), keras.layers.Flatten(),
-         keras.layers.Dense(CLASSES)]
+        [
+            keras.Input((SIZE, SIZE, 3)),
+            keras.layers.Conv2D(8, 3, strides=2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(CLASSES),
+        ]
     )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
