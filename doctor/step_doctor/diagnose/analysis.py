@@ -23,7 +23,16 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from step_doctor.diagnose import activity, hosttrace, input_wait, step_windows, xla, xprof_converter, xspace
+from step_doctor.diagnose import (
+    activity,
+    hosttrace,
+    input_wait,
+    jax_steps,
+    step_windows,
+    xla,
+    xprof_converter,
+    xspace,
+)
 from step_doctor.diagnose.hosttrace import ProfileError  # noqa: F401 (callers catch analysis.ProfileError)
 from step_doctor.diagnose.profile_record import Profile, SlowStage, StepBreakdown
 from step_doctor.diagnose.wait_record import InputWait, Unmeasured, Wait
@@ -110,17 +119,24 @@ def analyze_session(session: Path) -> Profile:
     with_xprof = size_mb <= XPROF_MAX_MB
     if with_xprof:
         xprof_converter.prepare()
-    wait, steps, planes_say = None, None, "CPU_ONLY"
+    wait, steps, planes_say, jax_made = None, None, "CPU_ONLY", False
     said: dict[str, list[str]] = {"errors": [], "warnings": []}  # by the profiler while capturing, e.g. CUPTI's
-    for xplane in xplanes:  # every host file must be readable; the first with steps is analysed
+    companions = [x for x in xplanes if x.endswith(COMPANION)]  # TensorFlow's capture beside JAX's (jax_capture.py)
+    for xplane in [x for x in xplanes if x not in companions]:  # every host file must be readable
         trace = hosttrace.load(xplane)
         said["errors"] += [e for e in trace.space.errors if e not in said["errors"]]
         said["warnings"] += [w for w in trace.space.warnings if w not in said["warnings"]]
         try:
-            found = xla.without_warm_up(trace, step_windows.find(trace))
-            if wait is None and found is not None:
-                steps, wait = found, input_wait.analyze(trace, found)  # streams the device planes too
-                planes_say = _hardware(trace.space)
+            if trace.jax:
+                for companion in companions:
+                    hosttrace.merge(trace, _companion(companion))
+                found = jax_steps.find(trace)
+            else:
+                found = xla.without_warm_up(trace, step_windows.find(trace))
+            if wait is None and found is not None:  # the first with steps is analysed
+                analyzer = jax_steps.analyze if trace.jax else input_wait.analyze
+                steps, wait = found, analyzer(trace, found)  # streams the device planes too
+                planes_say, jax_made = _hardware(trace.space), trace.jax
         except xspace.XSpaceError as error:
             raise ProfileError(hosttrace.unreadable([xplane], str(error))) from None
         finally:
@@ -130,7 +146,9 @@ def analyze_session(session: Path) -> Profile:
             "the profile shows no training steps (no step markers, no Keras batches, no repeated tf.function)"
         )
     xprof, skipped = None, [f"{_XPROF_BREAKDOWN}: {_TOO_LARGE_FOR_XPROF.format(mb=size_mb)}"]
-    if with_xprof:
+    if jax_made:
+        skipped = [f"{_XPROF_BREAKDOWN}: {_JAX_MADE}"]
+    elif with_xprof:
         try:
             xprof, skipped = _xprof_breakdown(xplanes, session), []
         except xprof_converter.ConverterCrashed as crash:
@@ -165,6 +183,18 @@ _TOO_LARGE_FOR_XPROF = (
     "profile), more than the rest of the analysis costs. The figures here come from the trace itself."
 )
 _CRASHED_XPROF = "The figures here come from the trace itself; if they look wrong too, capture the profile again."
+_JAX_MADE = (
+    "not read for a profile made by JAX's profiler: xprof counts as input the time in tf.data's infeed, which a JAX "
+    "step does not run. The figures here come from the trace itself (diagnose/jax_steps.py)."
+)
+COMPANION = "-tensorflow.xplane.pb"
+
+
+def _companion(xplane: str) -> hosttrace.HostTrace:
+    """TensorFlow's file beside JAX's: its events are merged into JAX's trace, the file itself closed."""
+    trace = hosttrace.load(xplane)
+    trace.close()
+    return trace
 
 
 def _large_note(profile_mb: float, seconds: float) -> str:
@@ -232,7 +262,7 @@ def _profile(xprof: _Xprof | None, wait: Wait, steps, planes_say: str, **about) 
     # XLA compiling in the steps: xprof never classifies a TensorFlow host event as compile (on a CPU it is host
     # compute; a GPU profile's step time leaves it out), and its figures count the warm-up steps left out here
     compiled = measured and bool(wait.compile_ms or wait.xla.warm_up)
-    if xprof and has_markers and not compiled:
+    if xprof and has_markers and not compiled and not (measured and wait.jax):
         figures = xprof.figures
     elif measured:  # no step xprof can see, or xprof not run: the breakdown of the steps, from the trace
         figures = _trace_figures(wait)

@@ -69,7 +69,14 @@ TF_DATA_FUNCTION_RUNS = {
 }
 CUDA_LAUNCHES = re.compile(r"^(cu|cuda)(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
 
-SKIP, KEEP, OP, LAUNCH, CALL, OTHER, XLA_RUN, XLA_COMPILE = range(8)  # what a host event's name says about it
+SKIP, KEEP, OP, LAUNCH, CALL, OTHER, XLA_RUN, XLA_COMPILE, JAX, PYTHON = range(10)  # what a host event's name says
+# A JAX-made profile (jax.profiler; its /host:metadata plane names jax_version): what jax_steps.py reads besides
+# the step markers. The Python tracer's frames ("$file.py:12 function") are many; only the longer ones are kept.
+JAX_EVENTS = re.compile(
+    r"^(PjitFunction\(.*\)|ThunkExecutor::Execute|DevicePut|backend_compile_and_load|lower_sharding_computation"
+    r"|trace_to_jaxpr_dynamic)$"
+)
+PYTHON_FRAME_MIN_PS = 20_000_000  # 20 µs
 
 
 class ProfileError(Exception):
@@ -118,6 +125,9 @@ class HostTrace:
     xla_compiles: list[Event] = field(default_factory=list)  # XLA compiling one (tf_names.XLA_COMPILES)
     # (plane, line) and line of every host line outside tf.data with a timed event: threads of the training step
     step_lines: list = field(default_factory=list)
+    jax: bool = False  # made by jax.profiler (jax_steps.py reads it)
+    start_ns: int | None = None  # when the capture began, in ns since the epoch (its Task Environment plane)
+    jax_events: list[Event] = field(default_factory=list)  # JAX_EVENTS and the Python tracer's longer frames
 
     def named(self, *names: str) -> list[Event]:
         wanted = set(names)
@@ -165,8 +175,10 @@ def is_tf_op(name: str) -> bool:
     return not _JAX_TYPE.fullmatch(op_type)
 
 
-def _kind(name: str, display: str, grouped: bool) -> int:
+def _kind(name: str, display: str, grouped: bool, jax: bool = False) -> int:
     shown = display or name
+    if jax and (JAX_EVENTS.match(shown) or shown.startswith("$")):
+        return PYTHON if shown.startswith("$") else JAX
     if shown.startswith("Iterator::") or shown in GET_NEXT or shown in (EXECUTOR, EXECUTE, PROFILED_BATCH):
         return KEEP
     if shown.startswith(FUNCTION_CALL):
@@ -187,11 +199,11 @@ def _kind(name: str, display: str, grouped: bool) -> int:
 class _PlaneKinds:
     """What each event name of one host plane is, looked up for a block's metadata ids at once."""
 
-    def __init__(self, plane: xspace.Plane, grouped: bool):
+    def __init__(self, plane: xspace.Plane, grouped: bool, jax: bool = False):
         ids = sorted(plane.event_names)
         self.ids = np.asarray(ids, dtype=np.int64)
         self.kinds = np.asarray(
-            [_kind(plane.event_names[i], plane.display_names.get(i, ""), grouped) for i in ids] or [SKIP],
+            [_kind(plane.event_names[i], plane.display_names.get(i, ""), grouped, jax) for i in ids] or [SKIP],
             dtype=np.int8,
         )
         by_name = {name: i for i, name in plane.stat_names.items()}
@@ -267,11 +279,22 @@ def host_planes(space: xspace.XSpaceFile) -> list[xspace.Plane]:
     return [p for p in space.planes if p.name.startswith("/host:") and p.lines]
 
 
+def made_by_jax(space: xspace.XSpaceFile) -> bool:
+    return any(p.name == "/host:metadata" and "jax_version" in p.stats for p in space.planes)
+
+
+def start_ns(space: xspace.XSpaceFile) -> int | None:
+    for plane in space.planes:
+        if plane.name == "Task Environment" and plane.stats.get("profile_start_time"):
+            return int(plane.stats["profile_start_time"])
+    return None
+
+
 def _read_host(path: Path, space: xspace.XSpaceFile) -> HostTrace:
     grouped = not any(LOOP_OPS.intersection(p.event_names.values()) for p in space.planes)
-    trace = HostTrace(path, [], space, grouped=grouped)
+    trace = HostTrace(path, [], space, grouped=grouped, jax=made_by_jax(space), start_ns=start_ns(space))
     for plane in host_planes(space):
-        kinds, names = _PlaneKinds(plane, grouped), _Names(plane)
+        kinds, names = _PlaneKinds(plane, grouped, trace.jax), _Names(plane)
         for number, line in enumerate(plane.lines):
             _read_line(trace, space, plane, kinds, names, number, line)
     trace.events.sort(key=lambda e: (e.ts, -e.end))
@@ -285,7 +308,9 @@ def _read_host(path: Path, space: xspace.XSpaceFile) -> HostTrace:
 def _index(trace: HostTrace) -> None:
     for event in trace.events:
         name = event.name
-        if name.startswith("Iterator::"):
+        if trace.jax and (name.startswith("$") or JAX_EVENTS.match(name)):
+            trace.jax_events.append(event)
+        elif name.startswith("Iterator::"):
             trace.iterators.append(event)
         elif name in GET_NEXT:
             trace.get_next.append(event)
@@ -302,6 +327,33 @@ def _index(trace: HostTrace) -> None:
             trace.xla_runs.append(event)
         elif XLA_COMPILES.match(name):
             trace.xla_compiles.append(event)
+
+
+def merge(trace: HostTrace, companion: HostTrace) -> None:
+    """Another capture of the same process and window laid onto this trace's clock: TensorFlow's, beside JAX's
+    (jax_capture.py). Each file counts microseconds from its own start; their starts say how far apart they are.
+    The companion's threads stay threads of their own (its lines are not streamed again: activity.py reads this
+    file's)."""
+    shift = ((companion.start_ns or 0) - (trace.start_ns or 0)) / 1e3 if trace.start_ns and companion.start_ns else 0.0
+    for event in companion.events:
+        event.ts += shift
+        event.end += shift
+        event.tid = (event.tid[0] + 1000, event.tid[1])
+    trace.events = sorted(trace.events + companion.events, key=lambda e: (e.ts, -e.end))
+    trace.host_events += companion.host_events
+    for name in (
+        "iterators",
+        "get_next",
+        "calls",
+        "executors",
+        "executions",
+        "data_ops",
+        "xla_runs",
+        "xla_compiles",
+        "jax_events",
+    ):
+        setattr(trace, name, [])
+    _index(trace)
 
 
 class _Names:
@@ -346,6 +398,7 @@ def _read_line(trace: HostTrace, space, plane, kinds: _PlaneKinds, names: _Names
         has_launches = has_launches or bool(np.any(kind == LAUNCH))
         # XLA's runs and compiles are few per step: kept, for the compile figures (xla.py)
         keep = timed & ((kind == KEEP) | (kind == CALL) | ((kind == OP) & tf_data) | (kind >= XLA_RUN))
+        keep &= (kind != PYTHON) | (block.duration_ps >= PYTHON_FRAME_MIN_PS)
         others = timed & (kind == OTHER)
         if others.any():
             keep |= others & kinds.with_stats(block, tf_data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from step_doctor.diagnose.device import DeviceView, view
 from step_doctor.diagnose.input_causes import input_causes
+from step_doctor.diagnose.jax_causes import jax_causes
 from step_doctor.diagnose.profile_record import Profile
 from step_doctor.diagnose.recommendation import Causes, Recommendation, rank
 from step_doctor.diagnose.stalls import working_step
@@ -31,9 +32,11 @@ def recommendations(
     wait = profile.wait
     pipeline = Causes(working_step(wait))  # figures of the host trace's steps, without their stall
     input_causes(wait, device.cpu_only, pipeline)
+    jax_causes(wait, pipeline)  # a JAX-made profile's own: Python input, device copies, recompiling (jax_causes.py)
     if isinstance(wait, InputWait) and wait.measured:
         per_step_overhead(wait, pipeline)
-        recompilation(wait, pipeline)
+        if wait.jax is None:
+            recompilation(wait, pipeline)
     step = Causes(profile.step_time_ms)  # figures of xprof's step breakdown
     device_causes(profile, config or {}, device.busy_percent, step)
     padded = unbucketed_padding(wait, padding)

@@ -116,6 +116,8 @@ def _stall(wait: Wait) -> list[str]:
 def _pipeline(wait: Wait) -> list[str]:
     if not isinstance(wait, InputWait) or not wait.measured:
         return []
+    if wait.jax is not None and not wait.jax.tf_data:
+        return [_python_input(wait)]
     batch, prefetch = wait.batch_size, wait.prefetch
     if prefetch:
         kinds = ", ".join("injected by tf.data" if p.injected else "yours" for p in prefetch)
@@ -127,6 +129,16 @@ def _pipeline(wait: Wait) -> list[str]:
         f"{wait.cpu_budget or 'unknown'}; the tf.data pipeline as it ran:",
         *_tree(wait),
     ]
+
+
+def _python_input(wait: InputWait) -> str:
+    """A JAX-made profile's batches fetched in Python (jax_steps.py): where, and how long a step."""
+    jax = wait.jax
+    frames = ", ".join(f"{f.frame} {f.ms:.2f} ms" for f in jax.python_input) or "no frame of yours recorded"
+    return (
+        f"  batches: fetched in Python on the step's thread, {jax.fetch_ms:.2f} ms a step ({jax.overlapped_ms:.2f} ms "
+        f"of it beside the model's work): {frames}; the jitted step: {jax.function or 'unknown'}"
+    )
 
 
 def _recommendations(recommendations: tuple[Recommendation, ...]) -> list[str]:

@@ -36,11 +36,20 @@ HOW_TO_CAPTURE = (
     "The stock Keras TensorBoard(profile_batch=...) callback writes no step marker (openxla/xprof#578), so xprof "
     "itself shows no step time for it."
 )
+HOW_TO_CAPTURE_JAX = (
+    "Step markers give exact steps: wrap each training step, fetching its batch included, in "
+    "`with jax.profiler.StepTraceAnnotation('train', step_num=step):` (`step-doctor profile` adds them to Keras fit on "
+    "the JAX backend). Without them the steps are inferred from the executions of the jitted step."
+)
 CPU_ONLY_NOTE = (
     "CPU-only profile: the input pipeline and the model share the same cores, so a stage that looks slow may be "
     "starved by the model, and overlap (prefetch, parallel calls) gains less here than on a GPU host; estimates "
     "assume the cores a fix needs are free."
 )
+
+
+def _how_to_capture(profile: Profile) -> str:
+    return HOW_TO_CAPTURE_JAX if isinstance(profile.wait, InputWait) and profile.wait.jax else HOW_TO_CAPTURE
 
 
 def _run_config(session: Path) -> dict:
@@ -100,7 +109,7 @@ def diagnose_run(profile: Profile, session: Path) -> RunDiagnosis:
         device=device,
         recommendations=tuple(ranked),
         latent=tuple(latent(profile, ranked, device, padding)),
-        how_to_capture=None if profile.has_step_markers else HOW_TO_CAPTURE,
+        how_to_capture=None if profile.has_step_markers else _how_to_capture(profile),
         unmeasured=None if profile.input_bound_percent is not None else profile.wait.reason,
         notes=tuple(notes(profile, device)),
     )

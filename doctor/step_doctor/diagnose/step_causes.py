@@ -50,8 +50,13 @@ def per_step_overhead(wait: InputWait, causes: Causes) -> None:
             "Per-step overhead",
             overhead * (1 - 1 / SPE),
             figures,
-            f"Run several steps per call: `model.compile(..., steps_per_execution={SPE})`. In this template: "
-            "train.steps_per_execution.",
+            (
+                f"Run several steps per call: with Keras, `model.compile(..., steps_per_execution={SPE})`; in a JAX "
+                f"loop, `jax.lax.scan` the step over {SPE} batches stacked on the device, one dispatch for all of them."
+                if wait.jax
+                else f"Run several steps per call: `model.compile(..., steps_per_execution={SPE})`. In this template: "
+                "train.steps_per_execution."
+            ),
             f"Estimate: the per-step overhead paid once per {SPE} steps.",
         )
 

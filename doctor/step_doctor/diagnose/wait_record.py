@@ -161,6 +161,31 @@ class XlaFigures(_Record):
 
 
 @dataclass(frozen=True)
+class PythonInput(_Record):
+    """A frame of the user's own code that fetched batches while the model had nothing to run (jax_steps.py)."""
+
+    frame: str  # as the Python tracer names it: "my_train.py:42 batches"
+    file: str | None
+    line: int | None
+    function: str
+    ms: float  # per step, of the input wait
+    share: float  # of the input wait
+
+
+@dataclass(frozen=True)
+class JaxFigures(_Record):
+    """A JAX-made profile's steps, per step (jax_steps.py): the jitted step, its dispatch, its fetches."""
+
+    function: str | None  # the jitted step: "PjitFunction(train_step)"
+    tf_data: bool  # batches from tf.data (its stages in InputWait.stages), else from Python
+    fetch_ms: float  # fetching batches on the Python thread ...
+    overlapped_ms: float  # ... of which while the model ran (no wait)
+    dispatch_ms: float  # dispatching the jitted step
+    h2d_ms: float  # jax.device_put / DevicePut of the batches
+    python_input: tuple[PythonInput, ...]  # where tf_data is False: the user's frames that fetched
+
+
+@dataclass(frozen=True)
 class InputWait(_Record):
     """The input wait per analysed step, the tf.data stages that made it, and the rest of the step.
 
@@ -197,6 +222,13 @@ class InputWait(_Record):
     steps_per_window: int
     host_compute_ms: float
     device: DeviceFigures | None  # None where the profile has no device
+    jax: JaxFigures | None = None  # a JAX-made profile's own figures (written only where there are some)
+
+    def to_json(self) -> dict:
+        found = super().to_json()
+        if found["jax"] is None:
+            del found["jax"]
+        return found
 
 
 Wait = InputWait | Unmeasured

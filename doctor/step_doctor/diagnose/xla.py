@@ -406,7 +406,7 @@ def notes(wait: Wait) -> list[str]:
             "once per new shape while the steps reuse a few: warm-up, not counted as a cause. Profile later steps "
             "(StepTraceProfiler(logdir, start_step=...)) to see the steady state."
         ]
-    if xla.compiles:
+    if xla.compiles or wait.jax is not None:  # JAX's compiles are JAX's own events (jax_steps.py): none is unseen
         return []
     if unrecorded(wait):
         return [_unrecorded_note(wait, xla)]

@@ -1,0 +1,156 @@
+"""The doctor on JAX-made profiles: Keras 3 on the JAX backend and plain JAX loops (tests/jax_pipelines.py).
+
+The corpus is recorded once, in a process of its own (KERAS_BACKEND=jax must come before Keras), as `step-doctor
+profile` captures JAX (jax_capture.py): JAX's profiler, TensorFlow's beside it where tf.data feeds the steps. The
+diagnosis itself needs no JAX: it reads the files.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from step_doctor.diagnose import diagnose
+from tests.conftest import DOCTOR, STEP_DOCTOR
+
+pytest.importorskip("jax", reason="JAX is not installed (make setup installs jax[cpu]; the container stack has none)")
+
+CORPUS = DOCTOR / "tests" / "jax_pipelines.py"
+pytestmark = pytest.mark.slow
+
+
+def line_of(function: str) -> int:
+    """Where a corpus function is defined: the line the doctor must name."""
+    tree = ast.parse(CORPUS.read_text())
+    return next(node.lineno for node in ast.walk(tree) if getattr(node, "name", None) == function)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("jax-corpus")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(
+        [sys.executable, str(CORPUS), "--record", str(root)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=DOCTOR,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root
+
+
+def run_of(corpus: Path, case: str):
+    (run,) = diagnose(corpus / case).runs.values()
+    return run
+
+
+def test_keras_on_jax_fed_by_a_sequential_decode_map_is_input_bound_with_the_map_named_first(corpus):
+    run = run_of(corpus, "keras_tfdata_decode_every_step")
+    assert run.verdict == "input-bound", run.profile.input_bound_percent
+    first = run.recommendations[0]
+    assert first.stage and "MapAndBatch" in first.stage, [(r.cause, r.stage) for r in run.recommendations]
+    assert first.cause in ("sequential-map", "decode-every-epoch", "heavy-map")
+    wait = run.profile.wait
+    assert wait.jax.tf_data and wait.stages and run.profile.step_source == "step markers"
+    document = json.loads(json.dumps(diagnose(corpus / "keras_tfdata_decode_every_step").to_json()))
+    assert document["runs"]["."]["profile"]["input_pipeline"]["jax"]["function"] == "PjitFunction(train_step)"
+
+
+def test_the_same_script_with_a_parallel_cached_prefetched_pipeline_is_not_input_bound(corpus):
+    run = run_of(corpus, "keras_tfdata_fine")
+    assert run.verdict != "input-bound" and run.profile.input_bound_percent < 20, run.profile.input_bound_percent
+
+
+def test_a_plain_jax_loop_fed_by_a_python_generator_gets_its_python_input_named_with_its_line(corpus):
+    run = run_of(corpus, "jax_loop_python_generator")
+    assert run.verdict == "input-bound" and run.steps_inferred
+    first = run.recommendations[0]
+    assert first.cause == "python-input", [r.cause for r in run.recommendations]
+    assert first.stage == f"jax_pipelines.py:{line_of('python_batches')}", first.stage
+    assert run.profile.wait.function == "PjitFunction(sgd_step)"  # the step, not an op dispatched by the generator
+
+
+def test_step_markers_in_a_jax_loop_give_its_steps(corpus):
+    run = run_of(corpus, "jax_loop_python_generator_marked")
+    assert run.profile.step_source == "step markers" and not run.steps_inferred
+    assert run.recommendations[0].cause == "python-input"
+
+
+def test_a_pydataset_that_builds_batches_in_python_is_named_at_its_getitem(corpus):
+    run = run_of(corpus, "keras_pydataset_python")
+    assert run.verdict == "input-bound"
+    first = run.recommendations[0]
+    assert first.cause == "python-input" and first.stage == f"jax_pipelines.py:{line_of('__getitem__')}"
+
+
+def test_a_jitted_step_whose_batch_shape_changes_every_step_gets_recompilation(corpus):
+    run = run_of(corpus, "jax_loop_shape_churn")
+    first = run.recommendations[0]
+    assert first.cause == "recompilation", [r.cause for r in run.recommendations]
+    xla = run.profile.wait.xla
+    assert xla.churn and xla.compiles >= xla.steps - 1
+    assert "static" in first.fix and "jax" in first.fix.lower()
+
+
+def test_batches_placed_on_the_device_before_training_are_not_input(corpus):
+    run = run_of(corpus, "jax_loop_device_resident")
+    assert run.verdict != "input-bound" and run.profile.input_bound_percent < 5
+    assert "python-input" not in [r.cause for r in run.recommendations]
+
+
+def test_the_diagnosis_of_a_jax_profile_needs_no_jax(corpus, tmp_path):
+    """A doctor installed where JAX is not (a CPU box reading a GPU host's profile): the same answer."""
+    (tmp_path / "jax.py").write_text("raise ImportError('no JAX here')\n")
+    code = (
+        "import json, sys\nfrom step_doctor.diagnose import diagnose as d; print(json.dumps(d(sys.argv[1]).to_json()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(corpus / "jax_loop_python_generator")],
+        capture_output=True,
+        text=True,
+        cwd=DOCTOR,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{DOCTOR}"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["runs"]["."]["recommendations"][0]["cause"] == "python-input"
+
+
+def test_profile_captures_keras_on_jax_unchanged_with_tf_data_stages(tmp_path):
+    """`step-doctor profile` on the script as a user runs it: JAX's profiler over Keras fit's steps, TensorFlow's
+    beside it for tf.data's stages, one verdict."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [
+            str(STEP_DOCTOR),
+            "profile",
+            "--json",
+            "--logdir",
+            "logs",
+            "--",
+            sys.executable,
+            str(CORPUS),
+            "keras_tfdata_decode_every_step",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    (process,) = document["capture"]["processes"]
+    assert process["capture"]["profiler"] == "jax" and process["capture"]["state"] == "done", process
+    (run,) = document["runs"].values()
+    assert run["verdict"] == "input-bound", run["profile"]["input_bound_percent"]
+    assert "MapAndBatch" in (run["recommendations"][0]["stage"] or "")
+    session = Path(run["profile"]["session"])
+    assert len(list(session.glob("*-tensorflow.xplane.pb"))) == len(list(session.glob("*.xplane.pb"))) - 1 == 1
