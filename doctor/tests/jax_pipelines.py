@@ -24,7 +24,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-SIZE, FULL, CLASSES, BATCH = 32, 160, 4, 32
+SIZE, FULL, CLASSES, BATCH = 32, 256, 4, 32
 WINDOW = (5, 16)  # the steps a Keras case profiles, as profile's default window
 
 

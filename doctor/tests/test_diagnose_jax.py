@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from step_doctor.diagnose import diagnose
+from step_doctor.diagnose import diagnose, render
 from tests.conftest import DOCTOR, STEP_DOCTOR
 
 pytest.importorskip("jax", reason="JAX is not installed (make setup installs jax[cpu]; the container stack has none)")
@@ -48,7 +48,9 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def run_of(corpus: Path, case: str):
-    (run,) = diagnose(corpus / case).runs.values()
+    diagnosis = diagnose(corpus / case)
+    assert render(diagnosis).startswith(".: ")  # the text report of every case, as `step-doctor diagnose` prints it
+    (run,) = diagnosis.runs.values()
     return run
 
 

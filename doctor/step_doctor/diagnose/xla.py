@@ -363,10 +363,14 @@ def summary(wait: Wait) -> str | None:
         return None
     parts = [f"{xla.runs_per_step:g} run(s) of the compiled step per step"]
     if xla.compiles:
+        lowering = (
+            f" (of which {xla.lowering_each_ms:.1f} ms lowering to HLO, before XLA's first compile event)"
+            if xla.lowering_each_ms is not None
+            else ""  # JAX's compiles: tracing, lowering and compiling together (jax_steps.py)
+        )
         parts.append(
             f"{xla.compiles} compile(s) in {xla.compile_steps} of {xla.steps} steps, "
-            f"{xla.compile_each_ms:.1f} ms each (of which {xla.lowering_each_ms:.1f} ms lowering to HLO, before "
-            "XLA's first compile event)"
+            f"{xla.compile_each_ms:.1f} ms each{lowering}"
         )
     if xla.shapes:
         parts.append(f"{xla.shapes} distinct batch shape(s) read")
