@@ -76,10 +76,10 @@ def tiny_spec(tiny_data_dir):
 def build_pipeline(spec, knobs, *, training: bool, batch_size: int, files=None, **options):
     """`pipeline.build` of `knobs` (the validation split unless `training`), with the `auto`s that a run's plan
     decides decided for `spec` as on a machine without a GPU."""
-    from train.input import pipeline
-    from train.training import plan
+    from train.workloads.image import pipeline
+    from train.workloads.image.choices import pipeline_choices
 
-    decided, _ = plan.pipeline_choices(knobs, spec, gpu=False)
+    decided, _ = pipeline_choices(knobs, spec, gpu=False)
     if files is None:
         files = spec.train_files if training else spec.val_files
     return pipeline.build(files, spec, decided, training=training, batch_size=batch_size, **options)

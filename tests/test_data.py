@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from train import config, sources
+from train.cli import arguments
 from train.core.errors import UserError
 from train.shards import records
 
@@ -55,15 +56,15 @@ def test_labels_follow_what_is_drawn():
 def test_missing_dataset_names_the_command_that_builds_it(tmp_path):
     cfg = config.load(ROOT / "configs/optimized.yaml", [f"data.data_dir={tmp_path}"])
     with pytest.raises(UserError) as error:
-        sources.locate(cfg.data, sources.data_command("configs/optimized.yaml", [], [f"data.data_dir={tmp_path}"]))
+        sources.locate(cfg.data, arguments.data_command("configs/optimized.yaml", [], [f"data.data_dir={tmp_path}"]))
     message = str(error.value)
     assert "is not built" in message
     assert f"python -m train data --config configs/optimized.yaml --set data.data_dir={tmp_path}" in message
 
 
 def test_default_data_is_built_with_make_data():
-    assert sources.data_command("configs/optimized.yaml") == "make data"
-    assert sources.data_command("configs/naive.yaml", [], ["pipeline.batch_size=8"]) == "make data"
+    assert arguments.data_command("configs/optimized.yaml") == "make data"
+    assert arguments.data_command("configs/naive.yaml", [], ["pipeline.batch_size=8"]) == "make data"
 
 
 def test_unknown_source_scheme_is_rejected():

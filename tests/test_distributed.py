@@ -23,9 +23,10 @@ import pytest
 
 from tests.conftest import ROOT, build_pipeline, data_sets, run_cli
 from train import config
-from train.input import pipeline, service
+from train.input import service
 from train.training import checkpoint, fit_loop
 from train.training.launch import EPHEMERAL, free_ports
+from train.workloads.image import pipeline
 
 QUICK = [
     "train.epochs=2",

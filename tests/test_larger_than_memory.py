@@ -17,8 +17,8 @@ import yaml
 from tests.conftest import NO_PROFILE, ROOT, SHORT_RUN, build_pipeline, child_env, quiet
 from train import config
 from train.benchmarks import ladder
-from train.input import pipeline
 from train.training import fit_loop
+from train.workloads.image import pipeline
 
 SCENARIO = ROOT / "configs/scenarios/larger_than_memory.yaml"
 
@@ -122,7 +122,7 @@ LOAD_AND_PREDICT = """
 import sys
 import keras
 import numpy as np
-import train.input.augment
+import train.workloads.image.augment
 model = keras.models.load_model(sys.argv[1])
 assert any("augment" in layer.name for layer in model.layers), [layer.name for layer in model.layers]
 print("output shape", tuple(model(np.zeros((4, *model.input_shape[1:]), np.uint8), training=False).shape))

@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from tests.conftest import ROOT, build_pipeline
 from train import config
-from train.input import augment, pipeline
-from train.training import plan
+from train.workloads.image import augment, pipeline
+from train.workloads.image.choices import pipeline_choices
 
 ALL = augment.Transforms.of(augment.TRANSFORMS)
 
@@ -20,7 +20,7 @@ def knobs(preset: str, **changes):
 
 def decided(spec, knob, num_examples=None, gpu=False):
     """`knob` with the `auto`s a run's plan decides decided for `spec`."""
-    return plan.pipeline_choices(knob, spec, gpu=gpu, num_examples=num_examples)[0]
+    return pipeline_choices(knob, spec, gpu=gpu, num_examples=num_examples)[0]
 
 
 def one_epoch(spec, knob, training=True, batch_size=16):
@@ -150,7 +150,8 @@ def test_every_placement_applies_exactly_the_listed_transforms(names):
 
 
 def test_the_default_transforms_are_right_for_photos_and_the_built_in_data_adds_the_up_down_flip():
-    from train.config import PipelineConfig, load
+    from train.config import load
+    from train.workloads.image.settings import PipelineConfig
 
     assert PipelineConfig().transforms == ["flip_left_right", "shift"]
     base = load(ROOT / "configs" / "base.yaml")

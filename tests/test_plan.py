@@ -8,8 +8,9 @@ import pytest
 from tests.conftest import ROOT
 from train import config
 from train.config import TrainConfig
-from train.input import pipeline
 from train.training import devices, plan
+from train.workloads.image import pipeline
+from train.workloads.image.choices import pipeline_choices
 
 CPU = devices.Devices(gpus=(), compute_capabilities=(), cpu_cores=2, cpu_bf16=False)
 CPU_BF16 = devices.Devices(gpus=(), compute_capabilities=(), cpu_cores=2, cpu_bf16=True)
@@ -23,7 +24,7 @@ def knobs(preset: str, **changes):
 
 
 def decided(spec, knob, num_examples=None, gpu=False):
-    return plan.pipeline_choices(knob, spec, gpu=gpu, num_examples=num_examples)[0]
+    return pipeline_choices(knob, spec, gpu=gpu, num_examples=num_examples)[0]
 
 
 def test_auto_on_a_cpu_without_bf16_units():
@@ -95,7 +96,7 @@ def test_one_resolver_decides_train_and_pipeline_and_says_why(tiny_spec):
         assert choices.reasons[knob], knob
     on_cpu, _ = plan.resolve(cfg, CPU, tiny_spec)
     assert (on_cpu.train.precision, on_cpu.pipeline.augment) == ("float32", "batched")
-    served = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, data_service="grpc://host:5050"))
+    served = cfg.with_section("pipeline", dataclasses.replace(cfg.pipeline, data_service="grpc://host:5050"))
     assert plan.resolve(served, CPU, tiny_spec)[0].train.stall_timeout_s == 300.0
 
 

@@ -52,15 +52,20 @@ def test_a_text_preset_is_a_config_like_any_other(tmp_path):
     from train.core.errors import UserError
 
     cfg = config.load(ROOT / "configs/text/optimized.yaml", layers=[ROOT / "configs/text/cpu.yaml"])
-    assert (cfg.task, cfg.name, cfg.model.name) == ("text", "text_optimized", "text_small")
+    assert (cfg.workload, cfg.name, cfg.model.name) == ("text", "text_optimized", "text_small")
     assert (cfg.text.pipeline.reader, cfg.text.pipeline.batching) == ("tfrecord", "bucket")
     config.save(cfg, tmp_path / "config.yaml")
     assert config.load(tmp_path / "config.yaml") == cfg  # saved into each run, read back unchanged
-    assert config.load(ROOT / "configs/optimized.yaml").task == "image"
+    assert config.load(ROOT / "configs/optimized.yaml").workload == "image"
     with pytest.raises(UserError, match=r"unknown key 'text\.pipeline\.bucket_size'.*Valid keys under"):
         config.load(ROOT / "configs/text/naive.yaml", ["text.pipeline.bucket_size=3"])
-    with pytest.raises(UserError, match=r"'task' must be 'image' or 'text', got 'audio'"):
+    with pytest.raises(UserError, match=r"'workload' must be 'image' or 'text', got 'audio'"):
+        config.load(ROOT / "configs/text/naive.yaml", ["workload=audio"])
+    with pytest.raises(UserError, match=r"'task' \(the earlier name of 'workload'\) is 'audio' but 'workload' is"):
         config.load(ROOT / "configs/text/naive.yaml", ["task=audio"])
+    assert config.load(ROOT / "configs/text/naive.yaml", ["task=text"]).workload == "text"
+    with pytest.raises(UserError, match=r"unknown key 'pipeline'\..*Valid keys: .*text"):
+        config.load(ROOT / "configs/text/naive.yaml", ["pipeline.batch_size=8"])  # an image section
     with pytest.raises(UserError, match=r"'text\.pipeline\.token_budget' is 100 but must be >= data\.max_length"):
         config.load(ROOT / "configs/text/naive.yaml", ["text.pipeline.token_budget=100"])
 
@@ -79,7 +84,7 @@ def test_tune_searches_the_text_knobs_and_the_text_bench_has_no_data_service_var
     text = ("--naive", "configs/text/naive.yaml", "--optimized", "configs/text/optimized.yaml")
     assert parse("bench", *text).data_service_workers == ()
     assert parse("bench").data_service_workers == (1, 2)  # the image presets
-    with pytest.raises(UserError, match=r"--data-service-workers 1`.*image task only.*configs/text/naive.yaml"):
+    with pytest.raises(UserError, match=r"--data-service-workers 1`.*on the service only.*text/naive.yaml"):
         parse("bench", *text, "--data-service-workers", "1")
 
     spec = TextSpec("t", tmp_path, "builtin", ("a", "b"), 100, 512, 10, 2, (), (), ("0", "1"), (), (0,) * 513)
@@ -119,10 +124,12 @@ def test_sweep_batch_sizes_a_text_batch_by_its_slots(tmp_path):
     assert sweep.knob(config.load(ROOT / "configs/optimized.yaml"), 64, spec) == "pipeline.batch_size=64"
     path = outputs.sweep_result(tmp_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"task": "text", "largest_batch_that_fit": 64}))
-    assert guards.largest_batch_that_fit(path) is None
+    path.write_text(json.dumps({"knob": "text.pipeline.token_budget", "largest_batch_that_fit": 64}))
+    assert guards.largest_batch_that_fit(path, "pipeline.batch_size") is None
+    path.write_text(json.dumps({"task": "text", "largest_batch_that_fit": 64}))  # written before "knob" was
+    assert guards.largest_batch_that_fit(path, "pipeline.batch_size") is None
     path.write_text(json.dumps({"largest_batch_that_fit": 64}))  # an image sweep (written before "task" was)
-    assert guards.largest_batch_that_fit(path) == 64
+    assert guards.largest_batch_that_fit(path, "pipeline.batch_size") == 64
 
 
 @pytest.mark.long
@@ -135,7 +142,7 @@ def test_bench_and_sweep_batch_measure_the_text_presets_in_real_tokens(tmp_path_
     result = run_cli("bench", *presets, "--out", str(out / "bench"), *short, *set_args(sets), timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "bench" / "bench.json").read_text())
-    assert report["task"] == "text" and report["unit"] == "real tokens/s" and not report["data_service"]
+    assert report["workload"] == "text" and report["unit"] == "real tokens/s" and not report["data_service"]
     assert set(report["variants"]) == {"naive", "optimized", "ceiling"} and report["speedup"] > 0
     assert "one epoch of" in report["variants"]["ceiling"]["pipeline"] and report["decode_floor"] is None
     for cost in report["pipeline_cost"].values():
@@ -187,7 +194,7 @@ def test_own_csv_trains_with_the_optimized_preset_and_serves_raw_strings(tmp_pat
     run = tmp_path / "runs" / "text_optimized"
     summary = json.loads((run / "summary.json").read_text())
     text = summary["text"]
-    assert summary["task"] == "text" and summary["dataset"]["num_classes"] == 4
+    assert summary["workload"] == "text" and summary["dataset"]["num_classes"] == 4
     assert text["real_tokens_per_s"] > 0 and text["padded_slots_per_s"] >= 0
     assert text["padding_share"] < 0.3  # length buckets; padding to 512 would waste about 69 %
     assert 1 <= text["distinct_shapes"] == len(text["shapes"]) <= 10
@@ -195,7 +202,7 @@ def test_own_csv_trains_with_the_optimized_preset_and_serves_raw_strings(tmp_pat
     assert summary["examples_per_sec"] == pytest.approx(text["texts_per_s"])
     assert "bucket(" in summary["pipeline"] and summary["val_accuracy"] is not None
     saved = (run / "config.yaml").read_text()
-    assert "task: text" in saved and "batching: bucket" in saved and "bucket_lengths:\n" in saved  # resolved
+    assert "workload: text" in saved and "batching: bucket" in saved and "bucket_lengths:\n" in saved  # resolved
     assert any(p.name.endswith(".text") for p in (run / "train").iterdir())  # the text/* TensorBoard scalars
 
     serving = keras.models.load_model(run / "serving.keras")
@@ -215,7 +222,7 @@ def test_compare_text_reports_tokens_padding_and_shapes(tmp_path_factory):
     assert "configs/text/cpu.yaml" in result.stdout  # the text CPU scenario: the small Transformer
     assert "real (non-padding) tokens/s" in result.stdout and "speedup" in result.stdout
     report = json.loads((out / "compare" / "report.json").read_text())
-    assert report["task"] == "text" and report["speedup_of"] == "real_tokens_per_s"
+    assert report["workload"] == "text" and report["speedup_of"] == "real_tokens_per_s"
     naive, optimized = report["runs"]["naive"], report["runs"]["optimized"]
     assert naive["distinct_shapes"] == 1 and naive["padding_share_percent"] > 50  # everything padded to 512
     assert optimized["padding_share_percent"] < 30 and optimized["distinct_shapes"] > 1
@@ -301,7 +308,7 @@ def test_tune_searches_a_mis_set_text_start_and_writes_only_text_knobs(tmp_path_
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "tune" / "tune.json").read_text())
-    assert report["task"] == "text" and "training texts" in report["dataset"]
+    assert report["workload"] == "text" and "training texts" in report["dataset"]
     assert {row["knob"] for row in report["trials"]} <= {"text.pipeline.parallel_calls", "text.pipeline.prefetch"}
     assert any("gain" in row for row in report["trials"]), report["trials"]
     assert "best tokens/s" in (out / "tune" / "tune.md").read_text()

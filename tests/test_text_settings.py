@@ -1,5 +1,5 @@
 """The text presets: typed like every other section of the config, wrong keys refused with the valid ones,
-and loaded whole by train/config.py's loader (the config's `task` and `text` sections)."""
+and loaded whole by train/config.py's loader (the config's `workload` and the text workload's `text` section)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from tests.conftest import ROOT
 from train import config, models
 from train.core.errors import UserError
-from train.workloads.text import model as text_model  # noqa: F401 (registers the text models)
 
 PRESETS = sorted((ROOT / "configs/text").glob("*.yaml"))
 
@@ -24,7 +23,7 @@ def load(path, overrides=()):
 @pytest.mark.parametrize("preset", ["naive", "optimized"])
 def test_the_text_presets_load(preset):
     text, cfg = load(ROOT / f"configs/text/{preset}.yaml")
-    assert cfg.task == "text" and cfg.name == f"text_{preset}"
+    assert cfg.workload == "text" and cfg.name == f"text_{preset}"
     assert text.data.source == "synthetic" and text.data.max_length == 512
     if preset == "naive":
         assert (text.pipeline.reader, text.pipeline.batching, text.pipeline.prefetch) == ("python", "pad_max", 0)
@@ -50,18 +49,13 @@ def test_overrides_and_mistakes_are_checked_like_the_main_config():
         load(ROOT / "configs/text/naive.yaml", ["text.pipeline.batching=pack"])
 
 
-def wired_config():
-    """The main Config: its `task` and `text` fields hold the text task (train/config.py)."""
-    return config.Config
-
-
 @pytest.mark.parametrize("preset", [p for p in PRESETS if p.name != "cpu.yaml"], ids=lambda p: p.name)
 def test_every_text_preset_builds_as_a_whole_config(preset: Path):
     values = config._read_yaml(preset)
     values = config._merge(values, config._read_yaml(ROOT / "configs/text/cpu.yaml"))
-    cfg = config._build(wired_config(), values, "", str(preset))
-    assert cfg.task == "text" and cfg.model.name == "text_small"
+    cfg = config.build(values, str(preset))
+    assert cfg.workload == "text" and cfg.model.name == "text_small"
     assert cfg.train.precision == ("float32" if preset.name == "naive.yaml" else "auto")
     assert models.resolve_params(cfg.model.name, cfg.model.params)["dim"] == 32
-    alone = config._build(wired_config(), config._read_yaml(preset), "", str(preset))
+    alone = config.build(config._read_yaml(preset), str(preset))
     assert alone.model.name == "text_transformer"

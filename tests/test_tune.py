@@ -351,7 +351,7 @@ def test_the_next_step_trains_the_config_that_was_tuned_not_the_optimized_preset
 
 
 def test_the_next_step_of_a_text_tune_trains_the_text_preset():
-    result = {**tuned_result("configs/text/optimized.yaml"), "task": "text"}
+    result = {**tuned_result("configs/text/optimized.yaml"), "workload": "text"}
     result.update(tuned_path="configs/text/tuned.yaml", scenario_overlays=["configs/text/cpu.yaml"])
     line = overlay.train_command(result)
     assert (

@@ -1,8 +1,11 @@
 """Typed configuration: YAML presets that extend a base, `--set key=value` overrides.
 
-Every knob lives in one dataclass below with its default. Loading rejects unknown keys
-(with a did-you-mean), wrong types and out-of-range values before any work starts, and
-`save()` writes the resolved config into the run folder so a run can be reproduced.
+Every knob lives in a dataclass with its default: the sections every run has (model, train,
+checkpoint, profile, monitor) below, and the sections of the config's workload (`workload:`, e.g.
+the image workload's `data` and `pipeline`) in that workload's settings.py (train/workloads/). Loading
+rejects unknown keys (with a did-you-mean), wrong types and out-of-range values before any work
+starts, imports no TensorFlow, and `save()` writes the resolved config into the run folder so a
+run can be reproduced.
 """
 
 from __future__ import annotations
@@ -16,77 +19,15 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from train.config_rules import PHOTO_TRANSFORMS, TRANSFORMS, _Problems, check_ranges
+from train import models, workloads
+from train.config_rules import check_ranges
 from train.core import files
 from train.core.errors import UserError, did_you_mean
-from train.workloads.text.settings import TextConfig
-from train.workloads.text.settings import check as check_text
 
-__all__ = ["PHOTO_TRANSFORMS", "TRANSFORMS", "Config", "load", "save", "to_dict"]
+__all__ = ["Config", "load", "save", "to_dict", "workload_of"]
 
 
 Auto = Literal["auto"]
-
-
-@dataclass
-class DataConfig:
-    """Where the examples come from; the dataset is built once into sharded TFRecords."""
-
-    source: str = "synthetic"  # synthetic | tfds:NAME | imagefolder:PATH
-    data_dir: str = "shards"  # where built datasets live (git-ignored)
-    image_size: int = 64  # height = width of the images fed to the model
-    num_train: int = 10_000  # synthetic source only
-    num_val: int = 2_000  # synthetic source only
-    num_shards: int = 8  # TFRecord files per split
-    val_fraction: float = 0.1  # imagefolder without train/ and val/ folders: share held out for validation
-    # Check every shard's framing, CRCs and record count before training (about 1 s per GB),
-    # so a damaged file stops the run before any work; switch off for very large datasets.
-    verify: bool = True
-
-
-@dataclass
-class PipelineConfig:
-    """Every knob of the one input-pipeline builder (train/input/pipeline.py)."""
-
-    reader: Literal["python", "tfrecord"] = "tfrecord"  # python: generator + PIL decode, one record at a time
-    shuffle_files: bool = True  # shuffle the shard order every epoch
-    parallel_reads: Union[int, Auto] = "auto"  # shards read at once by interleave; 1 reads them one after another
-    parallel_calls: Union[int, Auto] = "auto"  # parallelism of map (decode, augment); 1 is serial
-    deterministic: bool = False  # False lets parallel stages hand out whichever element is ready first
-    output_size: Union[int, None] = None  # side of the images fed to the model; null: as stored (data.image_size)
-    # Decode JPEGs at 1/2, 1/4 or 1/8 of their size (libjpeg's DCT scaling) when stored larger than output_size.
-    scaled_decode: bool = False
-    # Training: a random window of 50-100 % of the area (aspect 3/4-4/3), resized to output_size; only the
-    # window is decoded (decode_and_crop_jpeg). Changes what is learned, like any augmentation.
-    random_crop: bool = False
-    # What is kept between epochs. memory: decoded images in RAM; disk: a tf.data snapshot of decoded images
-    # under cache_dir; encoded: the records (JPEG bytes) in RAM, decoded every epoch; none.
-    # auto: memory when the decoded images fit in cache_limit_mb, else disk when cache_dir is set, else
-    # encoded when the records fit, else none.
-    cache: Literal["auto", "memory", "disk", "encoded", "none"] = "auto"
-    cache_limit_mb: int = 4096
-    cache_dir: Union[str, None] = None  # local folder for cache: disk (snapshots are kept for later runs)
-    shuffle_buffer: int = 10_000  # elements; 0 turns the element shuffle off
-    # Shuffle the encoded records instead of decoded images: a buffer of JPEG bytes, not of pixels.
-    # auto: when nothing decoded is cached (a decoded cache is shuffled after it instead).
-    shuffle_before_decode: Union[bool, Auto] = "auto"
-    batch_size: int = 256  # per replica; the global batch is batch_size x replicas
-    drop_remainder: bool = True  # static batch shape for XLA and for even replicas
-    # Where augmentation runs. python: numpy in the generator; per_example: a map before batch; batched: one
-    # vectorized map per batch; device: a Keras layer at the start of the model, on the accelerator; auto:
-    # device where a GPU exists, batched elsewhere; none.
-    augment: Literal["auto", "none", "python", "per_example", "batched", "device"] = "batched"
-    # What augmentation does, each drawn per example (train/input/augment.py): flip_left_right, flip_up_down,
-    # shift (vertically, up to 1/16 of the height). The default is right for photos; flip_up_down is not
-    # (a sky below, a 6 read as a 9). [] augments nothing.
-    transforms: list[str] = field(default_factory=lambda: list(PHOTO_TRANSFORMS))
-    prefetch: Union[int, Auto] = "auto"  # batches prepared ahead of the model; 0 turns it off
-    autotune: bool = True  # let tf.data tune parallelism and buffer sizes
-    private_threadpool_size: int = 0  # 0 uses TensorFlow's shared inter-op pool
-    max_intra_op_parallelism: int = 0  # 0 lets one op use every core; 1 keeps ops from fighting the model for cores
-    skip_corrupt: bool = False  # skip damaged records (found by a scan before training, counted in the summary)
-    data_service: Union[str, None] = None  # grpc://HOST:PORT of a tf.data service dispatcher
-    data_service_mode: Literal["parallel_epochs", "distributed_epoch"] = "parallel_epochs"
 
 
 @dataclass
@@ -157,21 +98,32 @@ class Config:
     name: str = "run"
     description: str = ""
     runs_dir: str = "runs"
-    # image: data/pipeline sections, built by train/input/pipeline.py; text: the `text:` section (text.data,
-    # text.pipeline: train/workloads/text/settings.py), built by train/workloads/text/pipeline.py. The rest is shared.
-    task: Literal["image", "text"] = "image"
-    data: DataConfig = field(default_factory=DataConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    # What is trained (train/workloads/__init__.py): image (the presets in configs/), text (configs/text/), yours.
+    # Its sections (image: data, pipeline; text: text) are typed by its settings.py and read as attributes:
+    # cfg.pipeline, cfg.text. (`task:`, the key's earlier name, is read as `workload:`.)
+    workload: str = workloads.DEFAULT
+    sections: dict = field(default_factory=dict)  # section name -> its dataclass, as the workload declares them
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
-    text: TextConfig = field(default_factory=TextConfig)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.runs_dir) / self.name
+
+    def __getattr__(self, name: str):
+        sections = self.__dict__.get("sections") or {}
+        if name in sections:
+            return sections[name]
+        raise AttributeError(
+            f"'{name}' is not a section of this config (workload {self.__dict__.get('workload')!r} has: "
+            f"{', '.join(sections) or 'none'})"
+        )
+
+    def with_section(self, name: str, value) -> Config:
+        return dataclasses.replace(self, sections={**self.sections, name: value})
 
 
 def _type_name(tp: Any) -> str:
@@ -204,12 +156,13 @@ def _matches(value: Any, tp: Any) -> bool:
     return isinstance(value, tp)
 
 
-def _build(cls: type, values: dict, where: str, source: str) -> Any:
-    """Instantiate dataclass `cls` from `values`, rejecting unknown keys and wrong types."""
+def _build(cls: type, values: dict, where: str, source: str, sections: dict = {}) -> Any:  # noqa: B006 (read only)
+    """Instantiate dataclass `cls` from `values`, rejecting unknown keys and wrong types (`sections`: the
+    workload's section classes, keys of a Config beside its fields)."""
     if not isinstance(values, dict):
         raise UserError(f"{source}: '{where or 'the top level'}' must be a mapping of keys to values, got {values!r}.")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "sections"}
     if cls is ModelConfig:
         values = {
             "name": values.get("name", ModelConfig.name),
@@ -219,9 +172,10 @@ def _build(cls: type, values: dict, where: str, source: str) -> Any:
     for key, value in values.items():
         dotted = f"{where}.{key}" if where else key
         if key not in fields:
+            valid = list(fields) + (list(sections) if cls is Config else [])
             raise UserError(
-                f"{source}: unknown key '{dotted}'.{_suggest(cls, key, where, fields)} "
-                f"Valid keys{' under ' + repr(where) if where else ''}: {', '.join(fields)}. "
+                f"{source}: unknown key '{dotted}'.{_suggest(cls, key, fields, sections)} "
+                f"Valid keys{' under ' + repr(where) if where else ''}: {', '.join(valid)}. "
                 "Fix or remove the key and run again."
             )
         tp = hints[key]
@@ -239,16 +193,16 @@ def _build(cls: type, values: dict, where: str, source: str) -> Any:
     return cls(**kwargs)
 
 
-def _suggest(cls: type, key: str, where: str, fields: dict) -> str:
+def _suggest(cls: type, key: str, fields: dict, sections: dict) -> str:
     """' Did you mean ...?': a key of exactly one section when given bare, else the closest name here."""
     if cls is Config:
-        sections = [
-            name
-            for name, tp in typing.get_type_hints(Config).items()
-            if dataclasses.is_dataclass(tp) and key in {f.name for f in dataclasses.fields(tp)}
-        ]
-        if len(sections) == 1:
-            return f" Did you mean '{sections[0]}.{key}'?"
+        candidates = {
+            name: tp for name, tp in typing.get_type_hints(Config).items() if dataclasses.is_dataclass(tp)
+        } | dict(sections)
+        matches = [name for name, tp in candidates.items() if key in {f.name for f in dataclasses.fields(tp)}]
+        if len(matches) == 1:
+            return f" Did you mean '{matches[0]}.{key}'?"
+        return did_you_mean(key, list(fields) + list(sections))
     return did_you_mean(key, fields)
 
 
@@ -344,34 +298,54 @@ def load(
     source = " + ".join([str(path) if path else "config"] + [str(layer) for layer in layers])
     if overrides:
         source += " (with --set " + " ".join(overrides) + ")"
-    cfg = _build(Config, values, "", source)
-    check_ranges(cfg, source)
-    if cfg.task == "text":
-        problems = _Problems()
-        check_text(cfg.text, problems.need)
-        if problems:
-            raise UserError(f"{source}: " + "; ".join(problems) + ". Fix the value(s) and run again.")
-        # The text models register themselves where they are defined (Keras layers of their own).
-        from train.core.quiet import import_tensorflow
-
-        import_tensorflow()
-        from train.workloads.text import model as _registers_the_text_models  # noqa: F401
-    from train import models
-
+    cfg = build(values, source)
+    check_ranges(cfg, source, workloads.settings(cfg.workload).check)
+    # the workload's settings registered its models (train/models.py's, or its own): no TensorFlow until one is built
     cfg.model.params = models.resolve_params(cfg.model.name, cfg.model.params, source)
     return cfg
 
 
-def task_of(path: str | Path) -> str:
-    """The task a preset trains (its `task:`, following `extends:`), read without building the config: the
-    commands that take presets choose the task's scenario and presets from it."""
-    task = _read_yaml(Path(path)).get("task", Config.task)
-    return task if task in typing.get_args(typing.get_type_hints(Config)["task"]) else Config.task
+def build(values: dict, source: str) -> Config:
+    """A whole config from a preset's merged values: the shared sections and those of its workload."""
+    values = dict(values)
+    if "task" in values:  # the key's earlier name
+        task = values.pop("task")
+        if values.setdefault("workload", task) != task:
+            raise UserError(
+                f"{source}: 'task' (the earlier name of 'workload') is {task!r} but 'workload' is "
+                f"{values['workload']!r}. Keep 'workload' only."
+            )
+    name = values.get("workload", workloads.DEFAULT)
+    if not isinstance(name, str) or name not in workloads.REGISTERED:
+        raise UserError(
+            f"{source}: 'workload' must be {' or '.join(map(repr, workloads.names()))}, got {name!r}. A workload "
+            "is registered in train/workloads/__init__.py (docs/make-it-yours.md)."
+        )
+    own = workloads.settings(name).SECTIONS
+    sections = {key: _build(cls, values.pop(key, {}), key, source) for key, cls in own.items()}
+    cfg = _build(Config, values, "", source, own)
+    cfg.sections = sections
+    return cfg
+
+
+def workload_of(path: str | Path) -> str:
+    """The workload a preset trains (its `workload:`, following `extends:`), read without building the config:
+    the commands that take presets choose the workload's scenario and presets from it."""
+    values = _read_yaml(Path(path))
+    name = values.get("workload", values.get("task", workloads.DEFAULT))
+    return name if name in workloads.REGISTERED else workloads.DEFAULT
 
 
 def to_dict(cfg: Config) -> dict:
-    values = dataclasses.asdict(cfg)
-    values["model"] = {"name": cfg.model.name, **cfg.model.params}
+    values = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name == "sections":
+            values.update({name: dataclasses.asdict(section) for name, section in value.items()})
+        elif f.name == "model":
+            values["model"] = {"name": value.name, **value.params}
+        else:
+            values[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
     return values
 
 

@@ -1,8 +1,8 @@
 """The scenario: an overlay applied to every variant of a comparison and to the data it builds.
 
 Scenarios live in configs/scenarios/; `make data`, the benchmarks and `make tune` take one by name. On a
-machine without a GPU the CPU scenario stands in for a fast accelerator: a tiny model, so the
-input pipeline, not the model, limits throughput, as it does on a GPU.
+machine without a GPU the workload's CPU scenario stands in for a fast accelerator (images: a tiny
+model), so the input pipeline, not the model, limits throughput, as it does on a GPU.
 """
 
 from __future__ import annotations
@@ -11,13 +11,10 @@ import dataclasses
 from pathlib import Path
 
 from train import config as config_lib
+from train import workloads
 from train.config import Config
 from train.core import files
 from train.core.errors import UserError
-
-CPU_SCENARIO = "configs/scenarios/cpu.yaml"
-# text: the small Transformer plays the part the tiny CNN plays for images
-CPU_SCENARIOS = {"image": CPU_SCENARIO, "text": "configs/text/cpu.yaml"}
 
 
 @dataclasses.dataclass
@@ -42,7 +39,7 @@ def has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def resolve(choice: str, task: str = "image") -> Scenario:
+def resolve(choice: str, workload: str = workloads.DEFAULT) -> Scenario:
     if choice == "none":
         return Scenario([], "no scenario overlay: every preset as written")
     if choice != "auto":
@@ -56,8 +53,8 @@ def resolve(choice: str, task: str = "image") -> Scenario:
         return Scenario([str(path)], f"scenario {Path(path).stem} ({named(choice)})")
     if has_gpu():
         return Scenario([], "GPU found: every preset as written")
-    overlay = CPU_SCENARIOS[task]
-    model = "a small Transformer encoder" if task == "text" else "a tiny model"
+    presets = workloads.get(workload).presets
+    overlay, model = presets.cpu_scenario, presets.cpu_model
     return Scenario(
         [str(files.project_file(overlay))],
         (
@@ -68,5 +65,5 @@ def resolve(choice: str, task: str = "image") -> Scenario:
 
 
 def for_preset(choice: str, preset: str | Path) -> Scenario:
-    """`resolve` for the task that `preset` trains (configs/text/* train text)."""
-    return resolve(choice, config_lib.task_of(files.project_file(preset)))
+    """`resolve` for the workload that `preset` trains (its `workload:`)."""
+    return resolve(choice, config_lib.workload_of(files.project_file(preset)))

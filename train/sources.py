@@ -13,25 +13,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from train.config import DataConfig
 from train.core.errors import UserError, did_you_mean
-from train.shards.catalog import SOURCES, data_command, locate, prepare, register_source, remove_incomplete
+from train.shards.catalog import SOURCES, locate, prepare, register_source, remove_incomplete
 from train.shards.spec import DatasetSpec
 
-__all__ = ["SOURCES", "DatasetSpec", "data_command", "locate", "prepare", "register_source", "remove_incomplete"]
+__all__ = ["SOURCES", "DatasetSpec", "locate", "prepare", "register_source", "remove_incomplete"]
 
 
-def _synthetic_config(data: DataConfig):
+def _synthetic_config(data):
     from data import synthetic_shapes  # the project's data/ package, installed with it
 
     return synthetic_shapes.config_for(data.image_size, data.num_train, data.num_val, data.num_shards)
 
 
-def _synthetic_dir(data: DataConfig, argument: str) -> Path:
+def _synthetic_dir(data, argument: str) -> Path:
     return Path(data.data_dir) / "synthetic_shapes" / _synthetic_config(data).name / "1.0.0"
 
 
-def _synthetic_prepare(data: DataConfig, argument: str, target: Path) -> None:
+def _synthetic_prepare(data, argument: str, target: Path) -> None:
     import tensorflow_datasets as tfds
 
     from data import synthetic_shapes
@@ -121,7 +120,7 @@ def imagefolder_listing(argument: str, val_fraction: float) -> dict:
     return {"root": root, "classes": classes, "splits": splits}
 
 
-def _imagefolder_dir(data: DataConfig, argument: str) -> Path:
+def _imagefolder_dir(data, argument: str) -> Path:
     import hashlib
 
     listing = imagefolder_listing(argument, data.val_fraction)
@@ -134,7 +133,7 @@ def _imagefolder_dir(data: DataConfig, argument: str) -> Path:
     return Path(data.data_dir) / "imagefolder" / name / f"{data.image_size}px_{data.num_shards}shards" / "1.0.0"
 
 
-def _imagefolder_prepare(data: DataConfig, argument: str, target: Path) -> None:
+def _imagefolder_prepare(data, argument: str, target: Path) -> None:
     from train.shards import convert
 
     listing = imagefolder_listing(argument, data.val_fraction)
@@ -170,12 +169,12 @@ def _tfds_name(argument: str) -> str:
     return argument
 
 
-def _tfds_dir(data: DataConfig, argument: str) -> Path:
+def _tfds_dir(data, argument: str) -> Path:
     name = _tfds_name(argument).replace("/", "_").replace(":", "_")
     return Path(data.data_dir) / "tfds" / name / f"{data.image_size}px_{data.num_shards}shards" / "1.0.0"
 
 
-def _tfds_prepare(data: DataConfig, argument: str, target: Path) -> None:
+def _tfds_prepare(data, argument: str, target: Path) -> None:
     import tensorflow_datasets as tfds
 
     from train.shards import convert

@@ -7,11 +7,11 @@ Every variant runs in its own process, stopped while another is measured (isolat
 `speedup` (optimized / naive) and `efficiency` (optimized / ceiling) are medians of per-round
 ratios, and the optimized variant is measured twice per round for the A/A noise (stats.py).
 Where `auto` chose a decoded snapshot on disk, the pipeline auto takes without the cache
-folder is measured too. Then each pipeline alone, and the decode floor (floor.py): the CPU
-cost per image, its multiple of the floor, and the host cores it takes per 1,000 images/s.
-The text task (configs/text/) measures real tokens/s (padding left out), its ceiling is one
-epoch of the optimized batches from memory (every bucket's shape), and each pipeline alone
-gives its CPU time per real token; there is no decode floor and no data service variant.
+folder is measured too. Then each pipeline alone, and the decode floor (images:
+train/workloads/image/floor.py): the CPU cost per image, its multiple of the floor, and the
+host cores it takes per 1,000 images/s. Rates are in the workload's unit (text: real tokens/s,
+padding left out; its ceiling is one epoch of the optimized batches from memory, every bucket's
+shape); the data service variants and the decode floor are measured where the workload has them.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import dataclasses
 from pathlib import Path
 
 from train import scenario as scenario_lib
-from train.benchmarks import bench_report, floor, isolated, stats, trials
+from train import workloads
+from train.benchmarks import bench_report, isolated, stats, trials
 from train.benchmarks.options import BenchOptions
 from train.core import files
-from train.training import setup
+from train.training import plan as plan_lib
 
 
 @dataclasses.dataclass
@@ -40,45 +41,27 @@ def plan(opts: BenchOptions, scenario, spec, found) -> tuple[list[Planned], dict
     naive = scenario.load(opts.variants.naive, sets, name="naive")
     optimized = scenario.load(opts.variants.optimized, sets, name="optimized")
     planned = [Planned("naive", naive), Planned("optimized", optimized), Planned("ceiling", optimized, ceiling=True)]
-    snapshot = {}
-    if optimized.task == "text":  # no decoded snapshot, no data service variants (refused by the CLI)
-        return planned, snapshot
-    resolved = setup.plan(optimized, found, spec).cfg.pipeline
-    if resolved.cache == "disk":
-        without = scenario.load(opts.variants.optimized, sets + ["pipeline.cache_dir=null"], name="without_snapshot")
+    workload = workloads.get(optimized.workload)
+    snapshot = workload.snapshot(plan_lib.plan(optimized, found, spec).cfg, spec) or {}
+    if snapshot:
+        without = scenario.load(opts.variants.optimized, sets + snapshot.pop("without"), name="without_snapshot")
         planned.append(Planned("without_snapshot", without))
-        snapshot = bench_report.snapshot_facts(resolved, spec)
-    for workers in opts.data_service_workers:
+    for workers in opts.data_service_workers if workload.features.data_service else ():
         planned.append(Planned(f"service_{workers}w", optimized, service_workers=workers))
     return planned, snapshot
 
 
-def measure_costs(configs: dict, spec, ceiling_rate: float | None) -> tuple[dict, dict]:
-    """The decode floor and each pipeline alone (no model), each in a fresh process with nothing else running."""
-    floor_result = isolated.measure_alone("floor", configs["optimized"], seconds=3.0)
-    per_example = floor_result["core_seconds_per_example"]
-    floor_result["cores_needed"] = floor.cores_needed(per_example)
+def measure_costs(workload, configs: dict, ceiling_rate: float | None) -> tuple[dict | None, dict]:
+    """The decode floor (where the workload has one) and each pipeline alone (no model), each in a fresh process
+    with nothing else running, with what that cost means against the model's rate."""
+    floor = (
+        isolated.measure_alone("floor", configs["optimized"], seconds=3.0) if workload.features.decode_floor else None
+    )
     costs = {}
     for name, cfg in configs.items():
         cost = isolated.measure_alone("cost", cfg, seconds=3.0)
-        cost["floor_multiple"] = cost["core_seconds_per_example"] / per_example
-        cost["cores_per_1000"] = cost["core_seconds_per_example"] * 1000
-        cost["cores_needed"] = floor.cores_needed(cost["core_seconds_per_example"])
-        cost["cores_to_feed_device"] = cost["core_seconds_per_example"] * (ceiling_rate or 0.0)
-        costs[name] = cost
-    return floor_result, costs
-
-
-def measure_text_costs(configs: dict, ceiling_rate: float | None) -> dict:
-    """Each text pipeline alone (no model), in a fresh process: CPU time per real token, and the cores it takes to
-    feed the model at the ceiling's rate."""
-    costs = {}
-    for name, cfg in configs.items():
-        cost = isolated.measure_alone("cost", cfg, seconds=3.0)
-        cost["cores_per_100k_tokens"] = cost["core_seconds_per_token"] * 1e5
-        cost["cores_to_feed_device"] = cost["core_seconds_per_token"] * (ceiling_rate or 0.0)
-        costs[name] = cost
-    return costs
+        costs[name] = {**cost, **workload.cost_figures(cost, floor, ceiling_rate or 0.0)}
+    return floor, costs
 
 
 def main(opts: BenchOptions) -> int:
@@ -112,11 +95,8 @@ def main(opts: BenchOptions) -> int:
     rows = {v.name: bench_report.row(v) for v in variants}
     local = by_name["optimized"]
     costed = {p.name: p.cfg for p in planned if p.name in ("naive", "optimized", "without_snapshot")}
-    text = first.task == "text"
-    if text:
-        decode_floor, costs = None, measure_text_costs(costed, rows["ceiling"]["median"])
-    else:
-        decode_floor, costs = measure_costs(costed, spec, rows["ceiling"]["median"])
+    workload = workloads.get(first.workload)
+    decode_floor, costs = measure_costs(workload, costed, rows["ceiling"]["median"])
     aa = stats.paired(again.samples, local.samples)
     speedup = stats.gain(local.samples, by_name["naive"].samples)
     efficiency = stats.gain(local.samples, by_name["ceiling"].samples)
@@ -124,10 +104,10 @@ def main(opts: BenchOptions) -> int:
         "device": found.describe(),
         "host_cores": found.cpu_cores,
         "scenario": scenario.why,
-        "task": first.task,
+        "workload": workload.name,
         "unit": local.facts.unit,
         "model": first.model.name,
-        **({"text": spec.length_statistics()} if text else {"image_shape": list(spec.image_shape)}),
+        **workload.shape_facts(spec),
         "trials": opts.trials.rounds,
         "trial_seconds": opts.trials.seconds,
         "isolation": "each variant in its own process, stopped (SIGSTOP) while another is measured",
@@ -152,7 +132,7 @@ def main(opts: BenchOptions) -> int:
         result["snapshot"]["gain"] = stats.gain(local.samples, by_name["without_snapshot"].samples).as_dict()
     files.write_json(out / "bench.json", result)
     files.write_text(out / "bench.md", bench_report.markdown(result))
-    bench_report.write_tensorboard(out, [*variants, again], text=text)
+    bench_report.write_tensorboard(out, [*variants, again], f"bench/{workload.unit.tag}")
     print()
     print(bench_report.table(result))
     print(f"\nWritten: {out}/bench.json, bench.md (TensorBoard: runs bench/tb/*)")

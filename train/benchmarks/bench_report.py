@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.benchmarks import floor
+from train import workloads
 from train.core import files
-from train.input import pipeline
 
 
 def row(variant) -> dict:
@@ -23,23 +22,12 @@ def row(variant) -> dict:
     }
 
 
-def write_tensorboard(out: Path, variants, text: bool = False) -> None:
+def write_tensorboard(out: Path, variants, tag: str = "bench/examples_per_sec") -> None:
     """Every trial as a scalar, one TensorBoard run per variant (runs bench/tb/<variant>)."""
-    tag = "bench/real_tokens_per_sec" if text else "bench/examples_per_sec"
     for variant in variants:
         files.write_scalars(
             out / "tb" / variant.name, [(tag, rate, index) for index, rate in enumerate(variant.samples)]
         )
-
-
-def snapshot_facts(knobs, spec) -> dict:
-    """Where the decoded snapshot of a `cache: disk` pipeline lives, and whether an earlier run left it."""
-    folder = pipeline.snapshot_dir(knobs, spec, training=True)
-    return {
-        "folder": str(folder),
-        "reused": folder.is_dir() and any(folder.iterdir()),
-        "expected_mb": pipeline.decoded_size_mb(spec, knobs, spec.num_train),
-    }
 
 
 def snapshot_size(snapshot: dict) -> dict:
@@ -55,8 +43,8 @@ def _gain_line(label: str, gain: dict, digits: int = 2) -> str:
 
 
 def table(result: dict) -> str:
-    text = result.get("task") == "text"
-    rate = "tokens/s" if text else "ex/s"
+    workload = workloads.of_record(result)
+    rate = workload.unit.short
     lines = [f"{'variant':<17}{'median ' + rate:>13}{'min':>10}{'max':>10}  batch  pipeline"]
     for name, item in result["variants"].items():
         lines.append(
@@ -74,7 +62,7 @@ def table(result: dict) -> str:
         lines.append(f"{name} / local optimized (median of per-round ratios): {value:.2f}")
     if result.get("snapshot"):
         lines.append(snapshot_line(result["snapshot"]))
-    return "\n".join(lines + [""] + (text_cost_lines(result) if text else cost_lines(result)))
+    return "\n".join(lines + [""] + workload.cost_lines(result))
 
 
 def markdown(result: dict) -> str:
@@ -86,7 +74,7 @@ def markdown(result: dict) -> str:
             f"Device: **{result['device']}**. {result['scenario']}. {result['trials']} interleaved rounds of at least "
             f"{result['trial_seconds']:g} s per variant after warm-up; {result['isolation']}. Gains are medians of "
             f"per-round ratios (train/benchmarks/stats.py); {_alone(result)} measured alone, each in a fresh "
-            "process." + (" Rates are real tokens/s: padding is not counted." if result.get("task") == "text" else ""),
+            f"process. Rates are {result.get('unit', 'examples/s')}.",
             "",
             "```",
             table(result),
@@ -112,56 +100,7 @@ def snapshot_line(snapshot: dict) -> str:
     return line
 
 
-def cost_lines(result: dict) -> list[str]:
-    """The decode floor, each pipeline's CPU cost per image against it, and the cores that feeding takes."""
-    floor_result = result["decode_floor"]
-    ceiling = result["variants"]["ceiling"]["median"]
-    per_image = floor_result["core_seconds_per_example"]
-    lines = [
-        f"Decode floor: {floor_result['decode']}, {floor_result['mean_record_kb']:.1f} KB per record, one thread: "
-        f"{per_image * 1e3:.3f} core-ms per image ({floor_result['examples_per_sec_per_core']:,.0f} images/s per core)",
-        f"{'pipeline alone':<17}{'ex/s alone':>11}{'core-ms/img':>13}{'x floor':>9}{'cores/1,000/s':>15}"
-        f"  cores for {' / '.join(f'{rate:,}' for rate in floor.RATES)} images/s",
-    ]
-    needed = " / ".join(f"{value:.2g}" for value in floor_result["cores_needed"].values())
-    lines.append(f"{'decode floor':<17}{'':>11}{per_image * 1e3:>13.3f}{1.0:>9.2f}{per_image * 1e3:>15.2g}  {needed}")
-    for name, cost in result["pipeline_cost"].items():
-        needed = " / ".join(f"{value:.2g}" for value in cost["cores_needed"].values())
-        lines.append(
-            f"{name:<17}{cost['examples_per_sec_alone']:>11,.0f}{cost['core_seconds_per_example'] * 1e3:>13.3f}"
-            f"{cost['floor_multiple']:>9.2f}{cost['cores_per_1000']:>15.2g}  {needed}"
-        )
-    for name, cost in result["pipeline_cost"].items():
-        lines.append(
-            f"{name}: {cost['cores_per_1000']:.2g} cores per 1,000 images/s; the device here eats {ceiling:,.0f}/s: "
-            f"{cost['cores_to_feed_device']:.2g} cores (this host has {result['host_cores']}); "
-            f"memory +{cost['memory_growth_mb']:,.0f} MB"
-        )
-    lines.append(f"peak RSS of the largest variant's process: {result['peak_rss_mb']:,.0f} MB")
-    return lines
-
-
 def _alone(result: dict) -> str:
     return (
-        "each pipeline's cost was" if result.get("task") == "text" else "the decode floor and each pipeline's cost were"
+        "the decode floor and each pipeline's cost were" if result.get("decode_floor") else "each pipeline's cost was"
     )
-
-
-def text_cost_lines(result: dict) -> list[str]:
-    """Each text pipeline's CPU cost per real token, and the cores it takes to feed the model at its ceiling."""
-    ceiling = result["variants"]["ceiling"]["median"]
-    lines = [
-        f"{'pipeline alone':<17}{'tokens/s alone':>15}{'texts/s alone':>15}{'core-us/token':>15}{'cores/100k/s':>14}"
-    ]
-    for name, cost in result["pipeline_cost"].items():
-        lines.append(
-            f"{name:<17}{cost['real_tokens_per_sec_alone']:>15,.0f}{cost['texts_per_sec_alone']:>15,.0f}"
-            f"{cost['core_seconds_per_token'] * 1e6:>15.3f}{cost['cores_per_100k_tokens']:>14.2g}"
-        )
-    for name, cost in result["pipeline_cost"].items():
-        lines.append(
-            f"{name}: the model here eats {ceiling:,.0f} real tokens/s: {cost['cores_to_feed_device']:.2g} cores to "
-            f"feed it (this host has {result['host_cores']}); memory +{cost['memory_growth_mb']:,.0f} MB"
-        )
-    lines.append(f"peak RSS of the largest variant's process: {result['peak_rss_mb']:,.0f} MB")
-    return lines

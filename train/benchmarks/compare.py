@@ -2,8 +2,8 @@
 
 Each run trains in its own process (a fresh TensorFlow, so neither inherits the other's
 threads or caches) into runs/compare/<name>/; the report is built only from what the
-runs wrote. On a machine without a GPU the CPU scenario (configs/scenarios/cpu.yaml: a
-tiny model, so the input pipeline is the bottleneck as on an accelerator) is applied.
+runs wrote. On a machine without a GPU the workload's CPU scenario (images: configs/scenarios/cpu.yaml,
+a tiny model, so the input pipeline is the bottleneck as on an accelerator) is applied.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from pathlib import Path
 
 from step_doctor.tensorboard import text_summary
 from train import scenario as scenario_lib
+from train import workloads
 from train.benchmarks import report, trials
 from train.benchmarks.options import CompareOptions
 from train.core.errors import RunFailed, Stopped, UserError
+from train.workloads.base import get
 
 
 def fit_in_subprocess(config_path: str, overlays: list[str], overrides: list[str]) -> None:
@@ -60,14 +62,15 @@ def main(opts: CompareOptions) -> int:
     overrides = list(opts.variants.overrides) + [f"runs_dir={out}"]
     configs = {name: scenario.load(path, overrides, name=name) for name, path in presets.items()}
     naive, optimized = configs["naive"], configs["optimized"]
-    data = "text.data" if naive.task == "text" else "data"
-    same_data = (naive.text.data == optimized.text.data) if naive.task == "text" else naive.data == optimized.data
-    if naive.task != optimized.task or not same_data or naive.model != optimized.model:
-        what = "task" if naive.task != optimized.task else data if not same_data else "model"
-        base = "configs/text/base.yaml" if naive.task == "text" else "configs/base.yaml"
+    workload = workloads.get(naive.workload)
+    same_data = naive.workload == optimized.workload and get(naive, workload.data_key) == get(
+        optimized, workload.data_key
+    )
+    if not same_data or naive.model != optimized.model:
+        what = "workload" if naive.workload != optimized.workload else workload.data_key if not same_data else "model"
         raise UserError(
             f"{opts.variants.naive} and {opts.variants.optimized} must train the same data and model to be compared; "
-            f"they differ in {what}. Put task, data and model in the shared base preset ({base})."
+            f"they differ in {what}. Put workload, data and model in the shared base preset ({workload.presets.base})."
         )
     trials.begin(scenario, [optimized])
 

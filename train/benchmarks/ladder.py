@@ -20,6 +20,7 @@ import yaml
 
 from train import config as config_lib
 from train import scenario as scenario_lib
+from train import workloads
 from train.benchmarks import isolated, ladder_report, stats, trials
 from train.benchmarks.options import LadderOptions
 from train.core import files
@@ -56,11 +57,12 @@ def load_ladder(path: Path) -> dict:
     return ladder
 
 
-def default_ladder(scenario: scenario_lib.Scenario, task: str = "image") -> Path:
-    """The text task's ladder (configs/ladder/text.yaml); else the scenario's own ladder
-    (configs/ladder/<scenario>.yaml) where it has one."""
-    if task == "text":
-        return files.PROJECT_ROOT / "configs" / "ladder" / "text.yaml"
+def default_ladder(scenario: scenario_lib.Scenario, workload: str = workloads.DEFAULT) -> Path:
+    """The workload's own ladder (text: configs/ladder/text.yaml) where it has one; else the scenario's own
+    ladder (configs/ladder/<scenario>.yaml) where it has one; else configs/ladder/ladder.yaml."""
+    own = workloads.get(workload).presets.ladder
+    if own:
+        return files.PROJECT_ROOT / own
     for overlay in scenario.overlays:
         own = files.PROJECT_ROOT / "configs" / "ladder" / Path(overlay).name
         if own.is_file():
@@ -73,34 +75,8 @@ def overrides(values: dict) -> list[str]:
 
 
 def hparams(config: dict) -> dict:
-    p, t = config["pipeline"], config["train"]
-    if config.get("task") == "text":
-        p = config["text"]["pipeline"]
-        return {
-            "reader": p["reader"],
-            "parallel_calls": str(p["parallel_calls"]),
-            "cache": str(p["cache"]),
-            "prefetch": str(p["prefetch"]),
-            "batching": p["batching"],
-            "batch_size": p["batch_size"],
-            "token_budget": p["token_budget"],
-            "precision": str(t["precision"]),
-            "jit_compile": str(t["jit_compile"]),
-            "steps_per_execution": str(t["steps_per_execution"]),
-            "strategy": t["strategy"],
-        }
-    return {
-        "reader": p["reader"],
-        "parallel_calls": str(p["parallel_calls"]),
-        "cache": p["cache"],
-        "prefetch": str(p["prefetch"]),
-        "augment": p["augment"],
-        "batch_size": p["batch_size"],
-        "precision": str(t["precision"]),
-        "jit_compile": str(t["jit_compile"]),
-        "steps_per_execution": str(t["steps_per_execution"]),
-        "strategy": t["strategy"],
-    }
+    """The TensorBoard hparams of a resolved config (as config.yaml holds it): the workload's knobs."""
+    return workloads.of_record(config).hparams(config)
 
 
 def paired_round(base, candidate, trials_opts) -> stats.Verdict:
@@ -201,9 +177,9 @@ def climb(ladder: dict, config_for, found, opts: LadderOptions, out: Path) -> di
 
 
 def main(opts: LadderOptions) -> int:
-    task = config_lib.task_of(files.project_file(opts.variants.naive))
-    scenario = scenario_lib.resolve(opts.variants.scenario, task)
-    ladder_path = files.project_file(opts.ladder or default_ladder(scenario, task))
+    workload = config_lib.workload_of(files.project_file(opts.variants.naive))
+    scenario = scenario_lib.resolve(opts.variants.scenario, workload)
+    ladder_path = files.project_file(opts.ladder or default_ladder(scenario, workload))
     ladder = load_ladder(ladder_path)
     start = ladder_path.parent / ladder["start"]
 
@@ -228,7 +204,8 @@ def main(opts: LadderOptions) -> int:
         "device": found.describe(),
         "scenario": scenario.why,
         "ladder": str(ladder_path),
-        "unit": "real tokens/s" if configs[0].task == "text" else "examples/s",  # of every rate below
+        "workload": configs[0].workload,
+        "unit": workloads.get(configs[0].workload).unit.label,  # of every rate below
         "trials": opts.trials.rounds,
         "trial_seconds": opts.trials.seconds,
         "isolation": "each variant in its own process, stopped (SIGSTOP) while another is measured",

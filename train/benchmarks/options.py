@@ -59,7 +59,6 @@ class SweepOptions:
     min_batch: int = 16
     max_batch: int = 2048
     out: Path = Path("runs/sweep-batch")
-    MAX_TEXT_BATCH = 256  # text: texts of the longest length (131,072 slots of 512 tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +73,7 @@ class TuneOptions:
     trials: Trials = TRIALS
     final_rounds: int = 9
     only: tuple[str, ...] = ()
-    tuned: Path = Path("configs/tuned.yaml")
-    text_tuned = Path("configs/text/tuned.yaml")  # the text task's (no annotation: not a field)
+    tuned: Path = Path("configs/tuned.yaml")  # the command line's default: the workload's presets folder
     fresh: bool = False
     reference: str | None = None
     out: Path = Path("runs/tune")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from train import workloads
 from train.benchmarks import charts, stats
 from train.core import files
 
@@ -60,37 +61,19 @@ def run_row(summary: dict) -> dict:
         else NOT_SAMPLED,
         run_dir=summary.get("run_dir"),
     )
-    text = summary.get("text")
-    if text:
-        off = "XLA off"
-        share = text.get("padding_share")
-        row.update(
-            real_tokens_per_s=text.get("real_tokens_per_s"),
-            padded_slots_per_s=text.get("padded_slots_per_s"),
-            padding_share_percent=None if share is None else 100 * share,
-            distinct_shapes=text.get("distinct_shapes"),
-            texts_per_step=text.get("texts_per_step"),
-            # the profile's step breakdown per 1,000 real tokens: text steps differ in the texts they hold
-            examples_per_profiled_step=(text.get("real_tokens_per_step") or 0)
-            / 1000
-            * (row["steps_per_execution"] or 1)
-            or None,
-            xla_compiles=text.get("xla_compiles") if text.get("jit_compile") else off,
-            compile_seconds=text.get("compile_seconds") if text.get("jit_compile") else off,
-            shapes=text.get("shapes"),
-        )
+    row.update(workloads.of_record(summary).report_row(summary))  # the workload's own figures
     return row
 
 
 def build(runs: dict[str, dict], scenario: str | None, baseline: str = "naive", target: str = "optimized") -> dict:
     rows = {name: run_row(summary) for name, summary in runs.items()}
     first = next(iter(runs.values()))
-    task = first.get("task") or "image"
-    # text: batches of 32 to hundreds of texts, mostly padding or not: the work done is the real tokens
-    key = "real_tokens_per_s" if task == "text" else "examples_per_sec"
+    workload = workloads.of_record(first)
+    key = workload.unit.key  # what the speedup counts (text: real tokens/s, the work done)
     base, best = rows[baseline].get(key), rows[target].get(key)
     return {
-        "task": task,
+        "workload": workload.name,
+        "unit": workload.unit.label,
         "speedup_of": key,
         "device": first.get("device"),
         "device_kind": first.get("device_kind"),
@@ -126,27 +109,13 @@ ROWS = (  # (label, key in the run's row, decimals, unit), shared by the table a
 )
 
 
-TEXT_ROWS = (  # task: text, before ROWS
-    ("real (non-padding) tokens/s", "real_tokens_per_s", 0, ""),
-    ("padded slots/s", "padded_slots_per_s", 0, ""),
-    ("padding share", "padding_share_percent", 1, " %"),
-    ("distinct input shapes", "distinct_shapes", 0, ""),
-    ("texts per step", "texts_per_step", 1, ""),
-    ("XLA compiles", "xla_compiles", 0, ""),
-    ("compile seconds (XLA)", "compile_seconds", 1, ""),
-)
-
-
 def rows_of(report: dict) -> tuple:
-    return TEXT_ROWS + ROWS if report.get("task") == "text" else ROWS
-
-
-def _shapes(count) -> str:
-    return f"{count} shape" + ("" if count == 1 else "s")
+    """The workload's own rows (text: real tokens, padding, shapes, compiles), then the shared ones."""
+    return workloads.of_record(report).report_rows + ROWS
 
 
 def _speedup_unit(report: dict) -> str:
-    return "real tokens/s" if report.get("speedup_of") == "real_tokens_per_s" else "examples/s"
+    return report.get("unit") or workloads.of_record(report).unit.label
 
 
 def table(report: dict) -> str:
@@ -205,9 +174,7 @@ def markdown(report: dict) -> str:
         out += ["", f"**Speedup: {report['speedup']:.2f}x** {_speedup_unit(report)} ({names[-1]} / {names[0]})."]
     out += ["", "Pipelines:", ""]
     out += [f"- **{n}**: {report['runs'][n]['pipeline']}" for n in names]
-    if report.get("task") == "text":
-        out += ["", "Input shapes (rows x length) each run trained on:", ""]
-        out += [f"- **{n}**: {', '.join(report['runs'][n].get('shapes') or []) or 'n/a'}" for n in names]
+    out += workloads.of_record(report).report_lines(report)
     notes = na_notes(report)
     if notes:
         out += [""] + notes
@@ -242,12 +209,8 @@ def chart(report: dict, path: Path) -> None:
     unit = _speedup_unit(report)
     values = [r.get(key) or 0 for r in runs]
     bars = ax.bar(names, values, color=["#d62728", "#2ca02c", "#1f77b4", "#9467bd"][: len(names)])
-    labels = [f"{v:,.0f}" for v in values]
-    if report.get("task") == "text":
-        labels = [
-            f"{v:,.0f}\n{_fmt(r.get('padding_share_percent'), 0, ' %')} padding, {_shapes(r.get('distinct_shapes'))}"
-            for v, r in zip(values, runs)
-        ]
+    workload = workloads.of_record(report)
+    labels = [workload.bar_label(v, r) for v, r in zip(values, runs)]
     ax.bar_label(bars, labels=labels, fontsize=8)
     ax.set_ylim(0, max(values + [1]) * 1.2)  # room for the labels under the title
     ax.set_title(f"Throughput ({unit})" + (f" - {report['speedup']:.1f}x" if report["speedup"] else ""))
@@ -263,7 +226,7 @@ def chart(report: dict, path: Path) -> None:
         if any(heights):
             ax.bar(names, heights, bottom=bottoms, label=label, color=colour)
             bottoms = [b + h for b, h in zip(bottoms, heights)]
-    per = "1,000 real tokens" if report.get("task") == "text" else "example"
+    per = workload.unit.per_step
     ax.set_title(f"Step time per {per}, by category (profiler)")
     ax.set_ylabel(f"microseconds per {per}")
     if ax.get_legend_handles_labels()[0]:  # runs without a profile draw no bars here

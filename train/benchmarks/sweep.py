@@ -6,10 +6,9 @@ that batch size: repeated trials after warm-up, CPU/GPU utilization sampled duri
 and the input-bound share from a short profile. The largest batch that fit is written to
 runs/sweep-batch/sweep.json, where an out-of-memory error in `fit` looks for it.
 
-The text task (configs/text/) sizes its batches by slots: a batch size B is B texts of the
-longest length, the knob that sets it (text.pipeline.token_budget = B x data.max_length where
-the batches are bucketed or packed, text.pipeline.batch_size where they are padded), and the
-rates are real tokens/s (padding left out).
+The workload says which knob a batch size sets (`Workload.batch_override`; text: B texts of the
+longest length, text.pipeline.token_budget = B x data.max_length where the batches are bucketed
+or packed) and what the rates count (text: real tokens/s, padding left out).
 """
 
 from __future__ import annotations
@@ -18,12 +17,13 @@ import gc
 from pathlib import Path
 
 from train import scenario as scenario_lib
+from train import workloads
 from train.benchmarks import charts, trials
 from train.benchmarks.options import SweepOptions
 from train.core import files
 from train.core.outputs import SWEEP_RESULT
 from train.measure.monitor import Sampler
-from train.training import setup
+from train.training import plan
 
 
 def _is_oom(error: Exception) -> bool:
@@ -33,12 +33,8 @@ def _is_oom(error: Exception) -> bool:
 
 
 def knob(cfg, batch: int, spec) -> str:
-    """The override that gives `cfg` a batch of `batch` (text: `batch` texts of the longest length)."""
-    if cfg.task != "text":
-        return f"pipeline.batch_size={batch}"
-    if cfg.text.pipeline.batching in ("bucket", "pack"):
-        return f"text.pipeline.token_budget={batch * spec.max_length}"
-    return f"text.pipeline.batch_size={batch}"
+    """The override that gives `cfg` a batch of `batch` (the workload's: text, `batch` texts of the longest length)."""
+    return workloads.get(cfg.workload).batch_override(cfg, spec, batch)
 
 
 def measure_batch(batch: int, cfg, spec, found, opts: SweepOptions, out: Path) -> dict:
@@ -93,7 +89,7 @@ def main(opts: SweepOptions) -> int:
     )
 
     points, largest, stop_reason = [], None, f"reached --max {opts.max_batch}"
-    replicas = setup.make_strategy(setup.resolve(base, found, spec)[0]).num_replicas_in_sync
+    replicas = plan.make_strategy(plan.resolve(base, found, spec)[0]).num_replicas_in_sync
     for batch in sizes:
         if batch * replicas > spec.num_train:
             stop_reason = (
@@ -112,16 +108,17 @@ def main(opts: SweepOptions) -> int:
             break
         largest = batch
 
+    workload = workloads.get(base.workload)
     ok = [p for p in points if p["status"] == "ok"]
     best = max(ok, key=lambda p: p["examples_per_sec"]["median"]) if ok else None
     result = {
         "device": found.describe(),
         "scenario": scenario.why,
-        "task": base.task,
-        "unit": "real tokens/s" if base.task == "text" else "examples/s",  # of examples_per_sec, below
+        "workload": workload.name,
+        "unit": workload.unit.label,  # of examples_per_sec, below
         "knob": knob(base, 1, spec).split("=")[0],
         "model": base.model.name,
-        **({"text": spec.length_statistics()} if base.task == "text" else {"image_shape": list(spec.image_shape)}),
+        **workload.shape_facts(spec),
         "points": points,
         "largest_batch_that_fit": largest,
         "stopped_because": stop_reason,
@@ -145,7 +142,7 @@ def chart(result: dict, path: Path) -> None:
     highs = [p["examples_per_sec"]["max"] - m for m, p in zip(medians, ok)]
     left.errorbar(xs, medians, yerr=[lows, highs], fmt="o-", capsize=3)
     left.set_xscale("log", base=2)
-    batch_label = "batch size" + (" (texts of the longest length)" if result.get("task") == "text" else "")
+    batch_label = workloads.of_record(result).batch_label
     left.set_xlabel(batch_label)
     left.set_ylabel(f"{result.get('unit', 'examples/s')} (median, min-max)")
     left.set_title(f"Throughput - largest batch that fit: {result['largest_batch_that_fit']}")

@@ -20,14 +20,11 @@ import tensorflow as tf
 
 from step_doctor.diagnose import analysis
 from train import scenario as scenario_lib
-from train import sources
+from train import workloads
 from train.benchmarks import stats
 from train.config import Config
-from train.input import pipeline
-from train.shards.spec import DatasetSpec
-from train.training import devices, plan, setup
-from train.workloads.text import meter as text_throughput
-from train.workloads.text import pipeline as text_pipeline
+from train.training import devices, plan
+from train.training.compiled_model import build_model
 
 PREROLL_S = 0.25  # untimed steps before each trial ...
 PREROLL_CALLS = 2  # ... and at least this many executions
@@ -49,13 +46,10 @@ class Variant:
     make_iterator: Callable[[], object] | None = None  # a fresh iterator over the same pipeline (renew)
     fills_cache: bool = False  # the pipeline caches: its first epoch fills (or opens) the cache
     min_warmup_seconds: float = 2.0
-    # text: the dataset's last map counts the real tokens the steps consume (measure/text_throughput.py), and a
-    # trial's rate is real tokens/s: a text batch holds 32 to hundreds of texts, padded little or much
+    # what a trial's rate counts (the workload's unit); where the workload has a counter (text: real tokens), the
+    # dataset's last map counts what the steps consume, else a step consumes the global batch of examples
+    unit: str = "examples/s"
     counter: object = None
-
-    @property
-    def unit(self) -> str:
-        return "real tokens/s" if self.counter is not None else "examples/s"
 
     @property
     def replicas(self) -> int:
@@ -89,7 +83,7 @@ class Variant:
         while time.perf_counter() - started < PREROLL_S or drained < PREROLL_CALLS:
             self.run(1)
             drained += 1
-        tokens_before = self.counter.read()[0][0] if self.counter is not None else 0.0
+        counted_before = self.counter.count() if self.counter is not None else 0.0
         calls, elapsed, chunk = 0, 0.0, 1
         while elapsed < seconds or calls < min_calls or not self._whole_epochs(calls, elapsed):
             step = min(chunk, self._to_epoch_end(calls)) if elapsed >= seconds else chunk
@@ -99,7 +93,7 @@ class Variant:
                 chunk = max(chunk, int(step * 0.25 / max(took, 1e-6)))
         rate = calls * self.steps_per_call * self.batch_size / elapsed
         if self.counter is not None:
-            rate = (self.counter.read()[0][0] - tokens_before) / elapsed
+            rate = (self.counter.count() - counted_before) / elapsed
         self.samples.append(rate)
         return rate
 
@@ -144,25 +138,10 @@ class Variant:
         return self.warmup_seconds
 
 
-def training_pipeline(made: setup.Plan, spec: DatasetSpec):
+def training_pipeline(made: plan.Plan, spec):
     """The training split's pipeline of a planned config, batched at its global batch."""
-    if made.cfg.task == "text":
-        knobs = made.cfg.text.pipeline
-        return text_pipeline.build(
-            text_pipeline.input_files(spec, knobs, True),
-            spec,
-            knobs,
-            training=True,
-            batch_size=made.global_batch,
-            seed=made.cfg.train.seed,
-        )
-    return pipeline.build(
-        spec.train_files,
-        spec,
-        made.cfg.pipeline,
-        training=True,
-        batch_size=made.global_batch,
-        seed=made.cfg.train.seed,
+    return workloads.get(made.cfg.workload).build_dataset(
+        made.cfg, spec, split="train", training=True, batch_size=made.global_batch, seed=made.cfg.train.seed
     )
 
 
@@ -202,23 +181,23 @@ def warm_up(variant: Variant) -> float:
 def prepare(
     name: str,
     cfg: Config,
-    spec: DatasetSpec,
+    spec,
     found: devices.Devices,
     *,
     ceiling: bool = False,
     warmup_seconds: float = 2.0,
     log: Callable[[str], None] = print,
 ) -> Variant:
-    """Set up (as a run is: training/setup.py), compile and warm up one variant.
+    """Set up (as a run is: training/prepare_run.py), compile and warm up one variant.
 
     Warm-up runs at least one full epoch when the pipeline caches (the cache fills there), at
     least `warmup_seconds`, then until the variant stops getting faster (`settle`), so tracing,
     compilation and autotuning are all behind it.
-    `ceiling=True` feeds the model one batch of real examples repeated from memory: the
+    `ceiling=True` feeds the model the workload's batches from memory (`Workload.ceiling`): the
     same model with zero input cost. A config with several replicas (train.strategy: mirrored)
     really runs on them: the batches are distributed like `model.fit` distributes them.
     """
-    made = setup.plan(cfg, found, spec)
+    made = plan.plan(cfg, found, spec)
     cfg, choices, strategy, replicas, batch_size = (
         made.cfg,
         made.choices,
@@ -226,24 +205,14 @@ def prepare(
         made.replicas,
         made.global_batch,
     )
-    knobs = cfg.pipeline
-    text = cfg.task == "text"
+    workload = workloads.get(cfg.workload)
     dataset = training_pipeline(made, spec)
-    if ceiling and text:
-        # one epoch of batches from memory: every bucket's shape, at zero input cost
-        dataset = dataset.take(made.steps_per_epoch).cache().repeat().prefetch(2)
-        description = f"one epoch of {made.steps_per_epoch} batches cached and repeated (zero input cost)"
-    elif ceiling:
-        batch = next(iter(dataset))
-        dataset = tf.data.Dataset.from_tensors(batch).repeat().prefetch(2)
-        description = f"one cached batch of {batch_size} repeated (zero input cost)"
-    elif text:
-        description = text_pipeline.describe(cfg.text.pipeline, spec, batch_size)
+    if ceiling:
+        dataset, description = workload.ceiling(dataset, made.epoch_steps, batch_size)
     else:
-        description = pipeline.describe(knobs, spec, spec.num_train, batch_size)
-    counter = None
-    if text:
-        counter = text_throughput.TokenCounter()
+        description = workload.describe_pipeline(cfg, spec, batch_size)
+    counter = workload.counter()
+    if counter is not None:
         dataset = counter.wrap(dataset)
     if replicas > 1:
         dataset = strategy.experimental_distribute_dataset(dataset)
@@ -252,23 +221,16 @@ def prepare(
     def make_iterator():
         return iter(dataset)  # a new iterator starts the whole pipeline afresh: buffers, autotuning, caches opened
 
-    model = setup.build_model(cfg, spec, choices, strategy)
+    model = build_model(cfg, spec, choices, strategy)
     with strategy.scope():
         # `fit` builds the optimizer's variables before its first step; the compiled train function,
         # called directly, would create them inside a replica's step, which a strategy does not allow.
         model.optimizer.build(model.trainable_variables)
     model.make_train_function()
-    variant = Variant(name, cfg, choices, model, make_iterator(), batch_size, description, counter=counter)
-    if text:
-        epoch_calls = -(-made.steps_per_epoch // choices.steps_per_execution)
-        caches = cfg.text.pipeline.cache and cfg.text.pipeline.reader == "tfrecord"
-    else:
-        epoch_calls = -(
-            -pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder) // choices.steps_per_execution
-        )
-        caches = knobs.cache != "none"
-    variant.epoch_calls = 0 if ceiling else epoch_calls
-    variant.fills_cache = caches and not ceiling  # the first epoch fills it
+    variant = Variant(name, cfg, choices, model, make_iterator(), batch_size, description)
+    variant.unit, variant.counter = workload.unit.label, counter
+    variant.epoch_calls = 0 if ceiling else -(-made.epoch_steps // choices.steps_per_execution)
+    variant.fills_cache = workload.caches(cfg) and not ceiling  # the first epoch fills it
     variant.min_warmup_seconds = warmup_seconds
     variant.make_iterator = make_iterator
     variant.warmup_seconds = warm_up(variant)
@@ -279,73 +241,12 @@ def prepare(
     return variant
 
 
-def _alone(make_iterator: Callable, warm_batches: int, seconds: float, count: Callable) -> tuple:
-    """A pipeline pulled alone, without the model, after `warm_batches` (caches filled): (the sums of
-    `count(batch)`'s figures, CPU seconds of every thread, wall seconds, memory growth in MB)."""
-    import psutil
-
-    process = psutil.Process()
-    start_rss = process.memory_info().rss
-    iterator = make_iterator()
-    for _ in range(warm_batches):
-        next(iterator)
-    peak = process.memory_info().rss
-    totals, batches, cpu, started = None, 0, time.process_time(), time.perf_counter()
-    while time.perf_counter() - started < seconds or batches < 5:
-        counted = count(next(iterator))
-        totals = counted if totals is None else tuple(a + b for a, b in zip(totals, counted))
-        batches += 1
-        if batches % 8 == 0:
-            peak = max(peak, process.memory_info().rss)
-    cpu, elapsed = time.process_time() - cpu, time.perf_counter() - started
-    growth = (max(peak, process.memory_info().rss) - start_rss) / 2**20
-    del iterator
-    return totals, cpu, elapsed, growth
-
-
-def pipeline_cost(cfg: Config, spec: DatasetSpec, found: devices.Devices, seconds: float = 3.0) -> dict:
-    """The input pipeline alone, without the model: CPU time per example and memory.
-
-    Every thread of the process counts (process_time), so parallel stages are charged in full:
-    `core_seconds_per_example` x a device's examples/s is how many host cores it takes to feed
-    that device. Caches are filled first (one epoch), as in the trials.
-    """
-    made = setup.plan(cfg, found, spec)
-    knobs, batch_size = made.cfg.pipeline, made.global_batch
-    epoch = pipeline.steps_per_epoch(spec.num_train, batch_size, knobs.drop_remainder)
-    (examples,), cpu, elapsed, growth = _alone(
-        lambda: iter(training_pipeline(made, spec)),
-        epoch + 2 if knobs.cache != "none" else 2,
-        seconds,
-        lambda batch: (batch_size,),
-    )
-    return {
-        "core_seconds_per_example": cpu / examples,
-        "examples_per_sec_alone": examples / elapsed,
-        "memory_growth_mb": growth,
-    }
-
-
-def text_pipeline_cost(cfg: Config, spec, found: devices.Devices, seconds: float = 3.0) -> dict:
-    """The text pipeline alone, without the model: CPU time per real token (padding left out) and memory, as
-    pipeline_cost measures an image pipeline; caches filled first (one epoch)."""
-    import numpy as np
-
-    from train.workloads.text import figures as text_figures
-
-    made = setup.plan(cfg, found, spec)
-    (tokens, texts), cpu, elapsed, growth = _alone(
-        lambda: iter(training_pipeline(made, spec)),
-        made.steps_per_epoch + 2 if cfg.text.pipeline.cache else 2,
-        seconds,
-        lambda batch: (int(np.count_nonzero(text_figures.token_ids_of(batch))), text_figures.examples_of(batch)),
-    )
-    return {
-        "core_seconds_per_token": cpu / tokens,
-        "real_tokens_per_sec_alone": tokens / elapsed,
-        "texts_per_sec_alone": texts / elapsed,
-        "memory_growth_mb": growth,
-    }
+def pipeline_cost(cfg: Config, spec, found: devices.Devices, seconds: float = 3.0) -> dict:
+    """The input pipeline alone, without the model (the workload's `pipeline_cost`): CPU time per unit of work,
+    and memory; caches filled first (one epoch), as in the trials."""
+    made = plan.plan(cfg, found, spec)
+    workload = workloads.get(made.cfg.workload)
+    return workload.pipeline_cost(made.cfg, spec, made.global_batch, made.epoch_steps, seconds)
 
 
 def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | None = None, clean: bool = False):
@@ -355,12 +256,7 @@ def begin(scenario: scenario_lib.Scenario, configs: list[Config], out: Path | No
     (train.cpu_replicas) happens here, before any variant is built.
     """
     print(scenario.why + ".", flush=True)
-    if configs[0].task == "text":
-        from train.workloads.text import build as text_build
-
-        spec, built = text_build.prepare(configs[0].text.data)
-    else:
-        spec, built = sources.prepare(configs[0].data)
+    spec, built = workloads.get(configs[0].workload).prepare_data(configs[0])
     if built:
         print(f"Built the dataset at {spec.root}.", flush=True)
     mirrored = [cfg.train.cpu_replicas for cfg in configs if cfg.train.strategy == "mirrored"]

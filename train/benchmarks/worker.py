@@ -9,7 +9,7 @@ nothing here runs while another variant is measured. Commands:
     renew    {}: a fresh iterator over the same pipeline, warmed up         -> {"warmup_seconds": ...}
     profile  {logdir, num_steps}                                          -> {"profile": dict | null}
     cost     {config, seconds}: the input pipeline alone, no model        -> trials.pipeline_cost(...)
-    floor    {config, seconds}: decoding alone, one thread                -> floor.measure(...)
+    floor    {config, seconds}: decoding alone, one thread                -> the workload's decode_floor(...)
     memory   {}                                                            -> {"peak_rss_mb": ...}
 
 A failure is replied as {"error": message, "kind": "user" | "candidate" | "bug", "type": name}:
@@ -65,29 +65,23 @@ class Worker:
         isolated.pair_round): the first is released before the second is built."""
         self.close()
         from train import config as config_lib
-        from train import sources
+        from train import workloads
         from train.benchmarks import trials
         from train.training import devices
 
         cfg = config_lib.load(config, name=name)
+        workload = workloads.get(cfg.workload)
         if cfg.train.strategy == "mirrored" and cfg.train.cpu_replicas > 1:
             import tensorflow as tf
 
             if not tf.config.list_physical_devices("GPU"):
                 devices.split_cpu(cfg.train.cpu_replicas)
-        if cfg.task == "text":
-            from train.workloads.text import build as text_build
-
-            spec = text_build.locate(cfg.text.data)
-        else:
-            spec = sources.locate(cfg.data)
+        spec = workload.locate(cfg)
         if service_workers:
-            import dataclasses
-
             from train.input import service
 
             self.cluster = service.LocalCluster(service_workers)
-            cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, data_service=self.cluster.target))
+            cfg = workload.with_data_service(cfg, self.cluster.target)
         found = devices.detect()
         log = (lambda line: None) if quiet else (lambda line: print(line, flush=True))
         self.variant = variant = trials.prepare(
@@ -121,24 +115,20 @@ class Worker:
 
     def cost(self, config: str, seconds: float):
         from train import config as config_lib
-        from train import sources
+        from train import workloads
         from train.benchmarks import trials
         from train.training import devices
 
         cfg = config_lib.load(config)
-        if cfg.task == "text":
-            from train.workloads.text import build as text_build
-
-            return trials.text_pipeline_cost(cfg, text_build.locate(cfg.text.data), devices.detect(), seconds)
-        return trials.pipeline_cost(cfg, sources.locate(cfg.data), devices.detect(), seconds)
+        return trials.pipeline_cost(cfg, workloads.get(cfg.workload).locate(cfg), devices.detect(), seconds)
 
     def floor(self, config: str, seconds: float):
         from train import config as config_lib
-        from train import sources
-        from train.benchmarks import floor
+        from train import workloads
 
         cfg = config_lib.load(config)
-        return floor.measure(cfg, sources.locate(cfg.data), seconds)
+        workload = workloads.get(cfg.workload)
+        return workload.decode_floor(cfg, workload.locate(cfg), seconds)
 
     def memory(self):
         import resource

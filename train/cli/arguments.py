@@ -58,3 +58,34 @@ def load(args):
         layers=[files.project_file(layer) for layer in args.overlay],
         name=getattr(args, "name", None),
     )
+
+
+def data_command(config_path: str | None, overlays: list[str] = (), overrides: list[str] = ()) -> str:
+    """The command that builds the dataset a config (with these overlays and overrides) trains on: `make data`
+    (with the workload's TASK=) where that is its presets' dataset, else the `python -m train data` command."""
+    from train import config as config_lib
+    from train import workloads
+    from train.core import files
+    from train.core.errors import UserError
+
+    name = config_lib.workload_of(files.project_file(config_path)) if config_path else workloads.DEFAULT
+    workload = workloads.get(name)
+    data_sets = [o for o in overrides if o.startswith(workload.data_key + ".")]
+    try:
+        loaded = config_lib.load(config_path, data_sets, layers=overlays)
+        base = config_lib.load(files.project_file(workload.presets.base))
+        if get(loaded, workload.data_key) == get(base, workload.data_key):
+            return "make data" + workload.make_args
+    except UserError:
+        pass
+    parts = ["python -m train data"]
+    if config_path:
+        parts.append(f"--config {config_path}")
+    parts += [f"--overlay {o}" for o in overlays] + [f"--set {o}" for o in data_sets]
+    return " ".join(parts)
+
+
+def get(cfg, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg

@@ -24,46 +24,49 @@ def _trials(args):
     return options.Trials(args.trials or defaults.rounds, args.seconds or defaults.seconds)
 
 
-def _refuse_text(args) -> None:
-    """The one measurement of the image task that text does not have: bench's tf.data service variants."""
-    from train.core.errors import UserError
-
-    if args.command == "bench" and args.data_service_workers and _is_text(args.naive):
-        raise UserError(
-            f"`bench --data-service-workers {' '.join(map(str, args.data_service_workers))}`: the tf.data service "
-            f"variants are measured for the image task only ({args.naive} has task: text). Run the text bench "
-            "without the flag (make bench TASK=text)."
-        )
-
-
-def _is_text(preset: str | None) -> bool:
-    from train import config
+def _workload(preset: str | None):
+    """The workload a preset trains (its `workload:`), read without loading the config."""
+    from train import config, workloads
     from train.core import files
 
-    return bool(preset) and config.task_of(files.project_file(preset)) == "text"
+    return workloads.get(config.workload_of(files.project_file(preset)) if preset else workloads.DEFAULT)
+
+
+def _refuse_data_service(args) -> None:
+    """bench's tf.data service variants, asked for a workload whose pipeline does not run on the service."""
+    from train.core.errors import UserError
+
+    if args.command != "bench" or not args.data_service_workers:
+        return
+    workload = _workload(args.naive)
+    if not workload.features.data_service:
+        raise UserError(
+            f"`bench --data-service-workers {' '.join(map(str, args.data_service_workers))}`: the tf.data service "
+            f"variants are measured for workloads whose pipeline runs on the service only ({args.naive} has "
+            f"workload: {workload.name}). Run its bench without the flag (make bench{workload.make_args})."
+        )
 
 
 def benchmark_options(args):
     """The typed options of a benchmark command (train/benchmarks/options.py), from its arguments."""
     from train.benchmarks import options
 
-    _refuse_text(args)
+    _refuse_data_service(args)
     out = Path(args.out)
     if args.command == "compare":
         return options.CompareOptions(_variants(args), out)
     if args.command == "bench":
         workers = args.data_service_workers
-        if workers is None:  # not given: 1 and 2 workers for images; the text bench has no data service variants
-            workers = () if _is_text(args.naive) else options.BenchOptions.data_service_workers
+        if workers is None:  # not given: 1 and 2 workers where the workload's pipeline runs on the service
+            service = _workload(args.naive).features.data_service
+            workers = options.BenchOptions.data_service_workers if service else ()
         return options.BenchOptions(_variants(args), _trials(args), tuple(workers), out)
     if args.command == "ladder":
         return options.LadderOptions(_variants(args), _trials(args), args.ladder, out)
     if args.command == "sweep-batch":
         largest = args.max
         if largest is None:
-            largest = (
-                options.SweepOptions.MAX_TEXT_BATCH if _is_text(args.optimized) else options.SweepOptions.max_batch
-            )
+            largest = _workload(args.optimized).max_sweep_batch or options.SweepOptions.max_batch
         return options.SweepOptions(_variants(args), _trials(args), args.min, largest, out)
     if args.command == "bench-check":
         scenarios = tuple(args.scenario or options.CheckOptions.scenarios)
@@ -79,9 +82,7 @@ def benchmark_options(args):
         trials=_trials(args),
         final_rounds=args.final_trials,
         only=tuple(args.only),
-        tuned=Path(
-            args.tuned or (options.TuneOptions.text_tuned if _is_text(args.config) else options.TuneOptions.tuned)
-        ),
+        tuned=Path(args.tuned or _workload(args.config).presets.tuned),
         fresh=args.fresh,
         reference=args.reference,
         out=out,
@@ -156,7 +157,7 @@ def _add_benchmark_commands(commands) -> None:
         default=None,
         metavar="N",
         help="also run the optimized pipeline on a local tf.data service with N workers "
-        "(default: 1 2 for images, none for text; the flag with no N skips them)",
+        "(default: 1 2 where the workload's pipeline runs on the service, images; the flag with no N skips them)",
     )
     bench.set_defaults(func=cmd_bench)
 
@@ -193,8 +194,8 @@ def _add_benchmark_commands(commands) -> None:
         "--max",
         type=int,
         default=None,
-        help=f"largest batch to try (default: {options.SweepOptions.max_batch}; text: "
-        f"{options.SweepOptions.MAX_TEXT_BATCH} texts of the longest length)",
+        help=f"largest batch to try (default: {options.SweepOptions.max_batch}, or the workload's own: text, 256 "
+        "texts of the longest length)",
     )
     arguments.trial_args(sweep, options.SweepOptions.TRIALS, "trials per batch size")
     sweep.set_defaults(func=cmd_sweep)
@@ -230,8 +231,8 @@ def _add_tune_command(commands) -> None:
     tune.add_argument(
         "--tuned",
         default=None,
-        help=f"the overlay to start from when it exists and to write (default: {options.TuneOptions.tuned}; text: "
-        f"{options.TuneOptions.text_tuned})",
+        help=f"the overlay to start from when it exists and to write (default: tuned.yaml beside the workload's "
+        f"presets: {options.TuneOptions.tuned}, configs/text/tuned.yaml)",
     )
     tune.add_argument("--fresh", action="store_true", help="ignore an existing --tuned overlay at the start")
     tune.add_argument(

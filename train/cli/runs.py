@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from step_doctor.profile.site import consume_fix
@@ -12,7 +11,7 @@ from train.core.quiet import import_tensorflow
 
 
 def cmd_data(args) -> int:
-    from train import sources
+    from train import workloads
 
     if args.scenario != "none":
         import_tensorflow()
@@ -21,27 +20,9 @@ def cmd_data(args) -> int:
         args.overlay = scenario.for_preset(args.scenario, args.config).overlays + args.overlay
     cfg = arguments.load(args)
     import_tensorflow()
-    if cfg.task == "text":
-        from train.workloads.text import build as text_build
-
-        spec, built = text_build.prepare(cfg.text.data)
-        verb = "Built" if built else "Already built (nothing to do)"
-        lengths = spec.length_statistics()
-        print(
-            f"{verb}: {spec.name} at {spec.root}: {spec.num_train} train + {spec.num_val} validation texts, "
-            f"{len(spec.train_files)}+{len(spec.val_files)} token shards, vocabulary {spec.vocab_size}, "
-            f"{spec.num_classes} classes, tokens per text median {lengths['median']:.0f}, p99 {lengths['p99']:.0f}, "
-            f"max {lengths['max']}" + (f"; {spec.skipped} bad row(s) skipped" if spec.skipped else "") + "."
-        )
-        return 0
-    spec, built = sources.prepare(cfg.data)
-    size_mb = sum(os.path.getsize(f) for f in spec.train_files + spec.val_files) / 2**20
-    verb = "Built" if built else "Already built (nothing to do)"
-    print(
-        f"{verb}: {spec.name} at {spec.root}: {spec.num_train} train + {spec.num_val} validation examples, "
-        f"{len(spec.train_files)}+{len(spec.val_files)} shards, {size_mb:.1f} MB, "
-        f"images {'x'.join(map(str, spec.image_shape))}, {spec.num_classes} classes."
-    )
+    workload = workloads.get(cfg.workload)
+    spec, built = workload.prepare_data(cfg)
+    print(workload.describe_data(spec, built))
     return 0
 
 
@@ -62,14 +43,13 @@ def cmd_fit(args) -> int:
             )
     import_tensorflow()
 
-    from train import sources
     from train.training import fit_loop
 
     fit_loop.run(
         cfg,
         config_path=args.config,
         fresh=args.fresh,
-        build_hint=sources.data_command(args.config, args.overlay, args.overrides),
+        build_hint=arguments.data_command(args.config, args.overlay, args.overrides),
     )
     return 0
 

@@ -14,8 +14,6 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from train.config import DataConfig
-from train.core import files
 from train.core.errors import UserError, did_you_mean
 from train.shards.spec import DatasetSpec, is_built, read_spec
 
@@ -24,8 +22,8 @@ from train.shards.spec import DatasetSpec, is_built, read_spec
 class Source:
     """How one scheme of `data.source` is located on disk and built."""
 
-    dataset_dir: Callable[[DataConfig, str], Path]
-    prepare: Callable[[DataConfig, str, Path], None]
+    dataset_dir: Callable[[object, str], Path]  # (the config's data section, argument) -> folder
+    prepare: Callable[[object, str, Path], None]
     describe: str
 
 
@@ -61,7 +59,7 @@ def remove_incomplete(directory: Path) -> list[Path]:
     return leftovers
 
 
-def prepare(data: DataConfig) -> tuple[DatasetSpec, bool]:
+def prepare(data) -> tuple[DatasetSpec, bool]:
     """Build the dataset unless it is already there. Returns (spec, built_now)."""
     _, source, argument = _split_source(data.source)
     directory = source.dataset_dir(data, argument)
@@ -75,7 +73,7 @@ def prepare(data: DataConfig) -> tuple[DatasetSpec, bool]:
     return read_spec(directory), True
 
 
-def locate(data: DataConfig, build_hint: str = "make data") -> DatasetSpec:
+def locate(data, build_hint: str = "make data") -> DatasetSpec:
     """The built dataset for `data`, or a UserError with the command that builds it."""
     _, source, argument = _split_source(data.source)
     directory = source.dataset_dir(data, argument)
@@ -85,24 +83,3 @@ def locate(data: DataConfig, build_hint: str = "make data") -> DatasetSpec:
             f"Build it once with: {build_hint}"
         )
     return read_spec(directory)
-
-
-def data_command(config_path: str | None, overlays: list[str] = (), overrides: list[str] = ()) -> str:
-    """The command that builds the dataset a config (with these overlays and overrides) trains on."""
-    from train import config as config_lib
-
-    data_sets = [o for o in overrides if o.startswith(("data.", "text.data."))]
-    try:
-        loaded = config_lib.load(config_path, data_sets, layers=overlays)
-        if loaded.task == "text":
-            if loaded.text.data == config_lib.load(files.project_file("configs/text/base.yaml")).text.data:
-                return "make data TASK=text"
-        elif loaded.data == config_lib.load(files.project_file("configs/base.yaml")).data:
-            return "make data"
-    except UserError:
-        pass
-    parts = ["python -m train data"]
-    if config_path:
-        parts.append(f"--config {config_path}")
-    parts += [f"--overlay {o}" for o in overlays] + [f"--set {o}" for o in data_sets]
-    return " ".join(parts)

@@ -1,1 +1,2 @@
-"""One run set-up (setup.py) and the loops that train it: Keras `fit` and the multi-worker custom loop."""
+"""One run set-up (prepare_run.py -> run_setup.py's RunSetup) and the loops that train it: Keras `fit` and the
+multi-worker custom loop."""

@@ -1,9 +1,7 @@
-"""The run's model, compiled: train/models.py's model, loss, optimizer and metrics under the
-planned precision policy, distribution strategy, XLA and steps per execution.
-
-With pipeline.augment: device the model starts with the augmentation layer
-(augment.DeviceAugment), so the saved model holds it too. A text model (task: text) takes the token
-ids of train/workloads/text/pipeline.py; run_summary.finish saves it behind the dataset's TextVectorization too.
+"""The run's model, compiled: the workload's model (train/models.py's registry) with the loss, optimizer and
+metrics of train/models.py, under the planned precision policy, distribution strategy, XLA and steps per
+execution. The workload builds the model (images with pipeline.augment: device start with the augmentation
+layer, so the saved model holds it too) and says which metrics arguments it needs.
 """
 
 from __future__ import annotations
@@ -11,10 +9,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from train import models
+from train import models, workloads
 from train.config import Config
-from train.input import augment, pipeline
-from train.shards.spec import DatasetSpec
 from train.training.plan import Choices
 
 
@@ -27,39 +23,19 @@ def learning_rate(cfg: Config, replicas: int, total_steps: int | None = None):
     return peak
 
 
-def text_input(cfg: Config, spec):
-    """What a text model's inputs look like for this run (train/workloads/text/model.py's TokenInput)."""
-    from train.workloads.text.model import TokenInput
-
-    knobs = cfg.text.pipeline
-    return TokenInput(spec.vocab_size, spec.max_length, knobs.batching == "pack", knobs.max_segments)
-
-
 def build_model(
     cfg: Config,
-    spec: DatasetSpec,
+    spec,
     choices: Choices,
     strategy: tf.distribute.Strategy,
     total_steps: int | None = None,
 ) -> keras.Model:
     """The compiled model of `cfg` under its precision policy and distribution strategy."""
     keras.mixed_precision.set_global_policy(choices.precision)
-    packed = cfg.task == "text" and cfg.text.pipeline.batching == "pack"
-    if cfg.task == "text":
-        shape = text_input(cfg, spec)
-    else:
-        shape = pipeline.image_shape(spec, cfg.pipeline)
+    workload = workloads.get(cfg.workload)
 
     def build():
-        if cfg.task == "text":
-            return models.build_model(cfg.model.name, shape, spec.num_classes, cfg.model.params)
-        model = models.build_model(cfg.model.name, shape, spec.num_classes, cfg.model.params)
-        if cfg.pipeline.augment != "device" or not cfg.pipeline.transforms:
-            return model
-        images = keras.Input(shape=shape, dtype="uint8", name="image")
-        layer = augment.DeviceAugment(seed=cfg.train.seed, transforms=cfg.pipeline.transforms, name="device_augment")
-        augmented = layer(images)
-        return keras.Model(images, model(augmented), name=model.name)
+        return workload.build_model(cfg, spec)
 
     initial = None
     if strategy.num_replicas_in_sync > 1:
@@ -74,9 +50,7 @@ def build_model(
         model.compile(
             optimizer=models.optimizer(learning_rate(cfg, strategy.num_replicas_in_sync, total_steps)),
             loss=models.loss(),
-            # packed rows carry a weight per segment slot: 0 where a row holds fewer texts than max_segments
-            metrics=None if packed else models.metrics(),
-            weighted_metrics=models.metrics() if packed else None,
+            **workload.metrics(cfg),
             jit_compile=choices.jit_compile,
             steps_per_execution=choices.steps_per_execution,
         )

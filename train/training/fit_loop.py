@@ -1,4 +1,4 @@
-"""The Keras `fit` loop: one run set up by setup.py, trained with `model.fit` and callbacks.
+"""The Keras `fit` loop: one run set up by prepare_run.py, trained with `model.fit` and callbacks.
 
 Multi-worker runs go to multi_worker.py instead (Keras 3 `fit` fails under
 MultiWorkerMirroredStrategy: keras-team/keras#20585); both share the set-up and the summary.
@@ -17,17 +17,15 @@ from train.core import files
 from train.core.errors import Stopped
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.throughput import StepTimer
-from train.training import checkpoint, compiled_model, epoch, guards, plan, run_summary
-from train.training import setup as setup_lib
-from train.training.setup import RunSetup
-from train.workloads.text import meter as text_throughput
+from train.training import checkpoint, compiled_model, epoch, guards, plan, prepare_run, run_summary
+from train.training.run_setup import RunSetup
 
 
 def run(
     cfg: Config, config_path: str | None = None, build_hint: str = "make data", log=print, fresh: bool = False
 ) -> dict:
     """Train `cfg` and return its summary (also written to runs/<name>/summary.json)."""
-    setup = setup_lib.prepare(cfg, config_path=config_path, build_hint=build_hint, fresh=fresh, log=log)
+    setup = prepare_run.prepare(cfg, config_path=config_path, build_hint=build_hint, fresh=fresh, log=log)
     if setup.cfg.train.strategy == "multi_worker":
         from train.training import multi_worker
 
@@ -57,7 +55,12 @@ class Callbacks:
         steps, epochs = setup.steps_per_epoch, cfg.train.epochs
         self.warmup = plan.warmup_steps(cfg.train.warmup_steps, steps, epochs - done_steps // steps)
         self.guard = guards.NanGuard(done_steps)
-        self.timer = StepTimer(setup.global_batch, self.warmup, setup.run_dir / "train", fixed_batch=cfg.task != "text")
+        # what the workload measures beside step time (text: real tokens, padding, shapes, compiles); None: a step
+        # consumes the global batch of examples, and examples/s is counted from it
+        self.meter = setup.workload.meter(
+            self.warmup, setup.run_dir / "train", setup.choices.jit_compile, setup.run_dir, setup.task.is_chief
+        )
+        self.timer = StepTimer(setup.global_batch, self.warmup, setup.run_dir / "train", fixed_batch=self.meter is None)
         self.profiler = None
         if cfg.profile.enabled:
             start = _profile_window(cfg, steps * epochs - done_steps, setup.choices.steps_per_execution)
@@ -80,31 +83,24 @@ class Callbacks:
             else None
         )
         self.watchdog = None
-        timeout = guards.stall_timeout(cfg.train.stall_timeout_s, cfg.pipeline.data_service)
+        service = setup.workload.data_service(cfg)
+        timeout = guards.stall_timeout(cfg.train.stall_timeout_s, service)
         if timeout:
             self.watchdog = guards.StallWatchdog(
                 timeout,
                 (
-                    f"The tf.data service at {cfg.pipeline.data_service} may have lost its workers (check that they "
-                    "run)."
-                    if cfg.pipeline.data_service
+                    f"The tf.data service at {service} may have lost its workers (check that they run)."
+                    if service
                     else "The input pipeline stopped delivering batches."
                 ),
             )
         self.epoch_end = epoch.EpochEnd(setup.run_dir, val_ds, self.watchdog)
-        # text: tokens, padding, shapes and compiles per step (the training dataset ends in counter.wrap)
-        self.counter = self.text = None
-        if cfg.task == "text":
-            self.counter = text_throughput.TokenCounter()
-            self.text = text_throughput.TextFigures(
-                self.counter, self.warmup, setup.run_dir / "train", setup.choices.jit_compile
-            )
         self.stopper = guards.GracefulStop(self.saver, steps, epochs, start_step=done_steps)
         ordered = [
             self.guard,
             self.profiler,
             self.timer,
-            self.text,
+            self.meter and self.meter.callback,
             self.epoch_end,
             self.saver,
             self.monitor,
@@ -127,7 +123,7 @@ class Callbacks:
 
     def stopped(self):
         """After a stop request ended `fit` early: close the profile window and flush the event files."""
-        for callback in (self.profiler, self.monitor, self.epoch_end, self.text):
+        for callback in (self.profiler, self.monitor, self.epoch_end, self.meter and self.meter.callback):
             if callback is not None:
                 callback.on_train_end()
 
@@ -154,21 +150,18 @@ def train(setup: RunSetup, log=print) -> dict:
             "--fresh starts over"
         )
     done_steps = start_epoch * steps + start_step
-    callbacks = Callbacks(setup, done_steps, history, log, setup.build(spec.val_files, training=False))
-    xla_dump = None
-    if cfg.task == "text" and setup.choices.jit_compile and setup.task.is_chief:
-        xla_dump = text_throughput.start_xla_dump(setup.run_dir)
+    callbacks = Callbacks(setup, done_steps, history, log, setup.build("validation"))
     started = time.perf_counter()
     try:
         callbacks.start()
         for initial_epoch, epochs, segment_steps in checkpoint.plan_segments(
             cfg.train.epochs, steps, start_epoch, start_step
         ):
-            train_ds = setup.build(spec.train_files, training=True)
+            train_ds = setup.build("train")
             if done_steps:
                 train_ds = train_ds.skip(done_steps)  # the batches already trained on, in the same order
-            if callbacks.counter is not None:
-                train_ds = callbacks.counter.wrap(train_ds)
+            if callbacks.meter is not None:
+                train_ds = callbacks.meter.wrap(train_ds)
             segment = model.fit(
                 train_ds,
                 initial_epoch=initial_epoch,
@@ -187,9 +180,9 @@ def train(setup: RunSetup, log=print) -> dict:
         callbacks.stopped()
         raise
     except tf.errors.ResourceExhaustedError:
-        raise guards.oom_error(cfg.pipeline.batch_size, setup.found.describe(), cfg.runs_dir) from None
+        raise guards.oom_error(setup.workload, cfg, setup.found.describe()) from None
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.UnknownError) as error:
-        raise setup_lib.data_error(error, setup) from None
+        raise prepare_run.data_error(error, setup) from None
     finally:
         callbacks.stop()
     if callbacks.guard.tripped:
@@ -200,15 +193,12 @@ def train(setup: RunSetup, log=print) -> dict:
     utilization = None
     if callbacks.sampler is not None:
         utilization = callbacks.sampler.summary(since=callbacks.timer.steady_since or 0.0)
-    text = None
-    if callbacks.text is not None:
-        text = callbacks.text.summary(text_throughput.count_xla_compiles(xla_dump))
-    result = run_summary.summary(
-        setup, model, history, callbacks.timer.summary(), wall, callbacks.warmup, utilization, text=text
-    )
-    if text is not None:
-        points = [(f"text/run_{key}", text[key], 0) for key in text_throughput.SCALARS if text.get(key) is not None]
-        files.write_scalars(setup.run_dir / "train", points, ".text_run")
-    if cfg.pipeline.skip_corrupt:
+    timing, figures = callbacks.timer.summary(), None
+    if callbacks.meter is not None:
+        figures, rate = callbacks.meter.finish()
+        if rate:  # a batch of the workload's holds a varying number of examples: the ones consumed
+            timing["examples_per_sec"] = rate
+    result = run_summary.summary(setup, model, history, timing, wall, callbacks.warmup, utilization, figures)
+    if setup.workload.skips_corrupt(cfg):
         files.write_scalars(setup.run_dir / "train", [("data/skipped_records", len(setup.skipped), 0)], ".data")
     return run_summary.finish(setup, model, result, log=log)

@@ -52,30 +52,35 @@ def nan_error(tripped: dict, last_checkpoint: str | None, learning_rate: float) 
     )
 
 
-def largest_batch_that_fit(path: Path) -> int | None:
-    """From the last batch-size sweep on this machine, or None when there is none (or it swept text)."""
+def largest_batch_that_fit(path: Path, knob: str) -> int | None:
+    """From the last batch-size sweep on this machine, when it swept `knob`; None when there is none."""
+    from train import workloads
+
     try:
         result = json.loads(Path(path).read_text())
-        return result.get("largest_batch_that_fit") if result.get("task", "image") == "image" else None
+        swept = result.get("knob") or workloads.of_record(result).batch_knob
+        return result.get("largest_batch_that_fit") if swept == knob else None
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def oom_error(batch_size: int, device: str, runs_dir: str | Path) -> UserError:
-    path = outputs.sweep_result(runs_dir)
-    largest_that_fit = largest_batch_that_fit(path)
+def oom_error(workload, cfg, device: str) -> UserError:
+    """Out of memory at the config's batch size: the largest that fit in the last sweep, or half of it."""
+    knob, batch_size = workload.batch_knob, workload.batch_size(cfg)
+    path = outputs.sweep_result(cfg.runs_dir)
+    largest_that_fit = largest_batch_that_fit(path, knob)
     if largest_that_fit:
         hint = (
             f"The last batch-size sweep on this machine fit up to {largest_that_fit} per replica "
-            f"({path}): rerun with --set pipeline.batch_size={largest_that_fit}."
+            f"({path}): rerun with --set {knob}={largest_that_fit}."
         )
     else:
         hint = (
-            "Run `make sweep-batch` to find the largest batch that fits, or halve it: "
-            f"--set pipeline.batch_size={max(1, batch_size // 2)}."
+            f"Run `make sweep-batch{workload.make_args}` to find the largest batch that fits, or halve it: "
+            f"--set {knob}={max(1, batch_size // 2)}."
         )
     return UserError(
-        f"Out of memory at pipeline.batch_size={batch_size} on {device}. {hint} Mixed precision "
+        f"Out of memory at {knob}={batch_size} on {device}. {hint} Mixed precision "
         "(train.precision: auto) also halves activation memory on GPUs."
     )
 

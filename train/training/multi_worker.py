@@ -3,7 +3,7 @@
 Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so a
 multi-worker run uses TensorFlow's own custom-loop API: `distribute_datasets_from_function`
 (each worker reads its own shards: file-level sharding) and `strategy.run`. The run is set up
-by setup.py exactly like a `fit` run (same model, loss, optimizer, metrics, summary schema),
+by prepare_run.py exactly like a `fit` run (same model, loss, optimizer, metrics, summary schema),
 runs the same step (Keras's own `model.train_step`, inside `strategy.run`) and the same end of
 an epoch (epoch.py: the validation pass and the epoch's scalars, the chief's), and drives the
 same callbacks as `fit` does: the step timer, the profile window (one profile per worker), the
@@ -44,10 +44,10 @@ from train.core import files
 from train.core.errors import RunFailed, Stopped, UserError
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.throughput import StepTimer
-from train.training import checkpoint, cluster, guards
-from train.training import setup as setup_lib
+from train.training import checkpoint, cluster, guards, plan, prepare_run, run_summary
+from train.training.compiled_model import build_model
 from train.training.epoch import EpochEnd
-from train.training.setup import RunSetup
+from train.training.run_setup import RunSetup
 
 # A stop request's place in the vector every step all-reduces after the loss.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -61,7 +61,7 @@ def train(setup: RunSetup, log=print) -> dict:
         f"{setup.tag} {setup.replicas} replicas in sync, global batch {setup.global_batch}, "
         f"precision {setup.choices.precision}"
     )
-    model = setup_lib.build_model(cfg, setup.spec, setup.choices, strategy, setup.steps_per_epoch * cfg.train.epochs)
+    model = build_model(cfg, setup.spec, setup.choices, strategy, setup.steps_per_epoch * cfg.train.epochs)
     with strategy.scope():
         model.optimizer.build(model.trainable_variables)  # a LossScaleOptimizer under mixed_float16
     loop = _Loop(setup, model, log)
@@ -117,12 +117,12 @@ class _Loop:
         wall = time.perf_counter() - started
         history = self.saver.history if self.saver is not None else self.history
         utilization = self.sampler.summary(since=self.timer.steady_since or 0.0) if self.sampler else None
-        result = setup_lib.summary(
+        result = run_summary.summary(
             setup, self.model, history, self.timer.summary(), wall, self.timer.warmup_steps, utilization
         )
-        if self.chief and cfg.pipeline.skip_corrupt:
+        if self.chief and setup.workload.skips_corrupt(cfg):
             files.write_scalars(setup.run_dir / "train", [("data/skipped_records", len(setup.skipped), 0)], ".data")
-        return setup_lib.finish(setup, self.model, result, log=self.log)
+        return run_summary.finish(setup, self.model, result, log=self.log)
 
     def _epoch(self, epoch: int, done: int, iterator, train_step, callbacks) -> tuple[dict, int | None]:
         """The steps of one epoch (from where the run resumed). Returns the epoch's metrics (Keras's, over every
@@ -137,11 +137,9 @@ class _Loop:
             try:
                 shared = self._collective(epoch, index, lambda r=requests: train_step(iterator, r).numpy())
             except tf.errors.ResourceExhaustedError:
-                raise guards.oom_error(
-                    self.setup.cfg.pipeline.batch_size, self.setup.found.describe(), self.setup.cfg.runs_dir
-                ) from None
+                raise guards.oom_error(self.setup.workload, self.setup.cfg, self.setup.found.describe()) from None
             except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.UnknownError) as error:
-                raise setup_lib.data_error(error, self.setup) from None
+                raise prepare_run.data_error(error, self.setup) from None
             metrics, requested = shared[: len(train_step.names)], shared[len(train_step.names) :]
             # Each replica's running means of this epoch, summed by the all-reduce: their mean over every replica
             logs = {name: float(value) / self.setup.replicas for name, value in zip(train_step.names, metrics)}
@@ -166,7 +164,7 @@ class _Loop:
             return call()
         except _peer_errors() as error:
             failure = peer_lost(error, self.setup.tag, epoch, index, self.setup)
-            if self.setup.cfg.pipeline.data_service:
+            if self.setup.workload.data_service(self.setup.cfg):
                 _exit_now(failure, 3)
             raise failure from None
 
@@ -235,8 +233,8 @@ class _Loop:
                     "workers: build the dataset with at least one shard per worker (data.num_shards)."
                 )
             dataset = setup.build(
-                shards,
-                training=True,
+                "train",
+                files=shards,
                 seed=setup.cfg.train.seed + context.input_pipeline_id,
                 batch_size=context.get_per_replica_batch_size(batch),
             )
@@ -275,17 +273,18 @@ class _Loop:
         last. Every worker profiles and samples its own host into its own folder (the chief into the run's)."""
         setup, cfg = self.setup, self.setup.cfg
         remaining = self.steps * self.epochs - done
-        warmup = setup_lib.warmup_steps(cfg.train.warmup_steps, self.steps, self.epochs - done // self.steps)
+        warmup = plan.warmup_steps(cfg.train.warmup_steps, self.steps, self.epochs - done // self.steps)
         self.timer = StepTimer(setup.global_batch, warmup)
-        timeout = guards.stall_timeout(cfg.train.stall_timeout_s, cfg.pipeline.data_service)
+        service = setup.workload.data_service(cfg)
+        timeout = guards.stall_timeout(cfg.train.stall_timeout_s, service)
         if timeout:
-            where = f"the tf.data service at {cfg.pipeline.data_service}" if cfg.pipeline.data_service else "the input"
+            where = f"the tf.data service at {service}" if service else "the input"
             self.watchdog = guards.StallWatchdog(
                 timeout,
                 f"{setup.tag}: {where} stopped delivering batches, or another worker stopped stepping (check that "
                 "the data service workers and every training worker run).",
             )
-        val_ds = setup.build(setup.spec.val_files, training=False) if self.chief else None
+        val_ds = setup.build("validation") if self.chief else None
         ordered = [None, self.timer, EpochEnd(setup.run_dir, val_ds, self.watchdog)]
         if cfg.profile.enabled:
             start = max(0, min(cfg.profile.start_step, remaining - cfg.profile.num_steps - 2))

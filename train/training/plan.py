@@ -4,9 +4,10 @@ What speeds up a modern NVIDIA GPU (float16 tensor cores, XLA fusion, many steps
 round trip, augmentation next to the model) can slow a CPU down: on the project's 2-core CPUs
 XLA made a small CNN 2-4x slower and mixed_bfloat16 about 7x slower. So `auto` means "what is
 fastest here", decided from the detected devices (devices.py) and the built dataset (its size
-decides what to cache): precision, XLA, steps per execution, strategy, stall timeout; what to
-cache, where to shuffle, where to augment. Each choice comes with its reason; the run set-up
-writes both into the run's config.yaml, and the benchmarks plan their variants the same way.
+decides what to cache): precision, XLA, steps per execution, strategy, stall timeout here; the
+workload's own (images: what to cache, where to shuffle, where to augment; text: the bucket
+lengths) by the workload, asked here. Each choice comes with its reason; the run set-up writes
+both into the run's config.yaml, and the benchmarks plan their variants the same way.
 
 Two kinds of `auto` are left as they are, on purpose: pipeline.parallel_reads, parallel_calls
 and prefetch `auto` is tf.data's AUTOTUNE (tf.data tunes them while the pipeline runs), and
@@ -21,13 +22,10 @@ import os
 
 import tensorflow as tf
 
-from train.config import Config, PipelineConfig, TrainConfig
-from train.core.errors import UserError
-from train.input import pipeline
-from train.shards.spec import DatasetSpec
+from train import workloads
+from train.config import Config, TrainConfig
 from train.training.devices import Devices
 from train.training.strategy import make_strategy
-from train.workloads.text import pipeline as text_pipeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,26 +37,16 @@ class Choices:
     reasons: dict  # knob -> why it was chosen, for every `auto` decided here
 
 
-def resolve(cfg: Config, found: Devices, spec: DatasetSpec) -> tuple[Config, Choices]:
+def resolve(cfg: Config, found: Devices, spec) -> tuple[Config, Choices]:
     """`cfg` with every device- and data-dependent `auto` replaced by the choice for `found` and
     `spec`, and the choices with their reasons."""
     choices = train_choices(cfg.train, found)
-    if cfg.task == "text":
-        # the bucket lengths from the built dataset's length histogram, the pack length from its longest text
-        text_knobs, reasons = text_pipeline.resolve(cfg.text.pipeline, spec)
-        if cfg.train.deterministic and not text_knobs.deterministic:
-            text_knobs = dataclasses.replace(text_knobs, deterministic=True)
-        knobs, service = cfg.pipeline, None
-        cfg = dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, pipeline=text_knobs))
-    else:
-        knobs, reasons = pipeline_choices(cfg.pipeline, spec, gpu=bool(found.gpus))
-        if cfg.train.deterministic and not knobs.deterministic:
-            knobs = dataclasses.replace(knobs, deterministic=True)
-        service = knobs.data_service
+    workload = workloads.get(cfg.workload)
+    cfg, reasons = workload.resolve(cfg, spec, found)
     choices.reasons.update(reasons)
     stall = cfg.train.stall_timeout_s
     if stall == "auto":
-        stall, choices.reasons["stall_timeout_s"] = stall_timeout(service)
+        stall, choices.reasons["stall_timeout_s"] = stall_timeout(workload.data_service(cfg))
     train = dataclasses.replace(
         cfg.train,
         precision=choices.precision,
@@ -67,7 +55,7 @@ def resolve(cfg: Config, found: Devices, spec: DatasetSpec) -> tuple[Config, Cho
         strategy=choices.strategy,
         stall_timeout_s=float(stall),
     )
-    return dataclasses.replace(cfg, pipeline=knobs, train=train), choices
+    return dataclasses.replace(cfg, train=train), choices
 
 
 def stall_timeout(data_service: str | None) -> tuple[float, str]:
@@ -150,62 +138,6 @@ def _strategy(setting: str, found: Devices, reasons: dict) -> str:
     return "default"
 
 
-def pipeline_choices(
-    knobs: PipelineConfig, spec: DatasetSpec, gpu: bool, num_examples: int | None = None
-) -> tuple[PipelineConfig, dict]:
-    """`knobs` with what to cache, where to shuffle and where to augment decided for `spec` (sized
-    for `num_examples`, by default its training split) and the device; the reason for each `auto`."""
-    num_examples = spec.num_train if num_examples is None else num_examples
-    reasons = {}
-    augment = knobs.augment
-    if augment == "auto":
-        augment = "device" if gpu else "batched"
-        reasons["pipeline.augment"] = (
-            "GPU: flips and shift run on the accelerator, at the start of the model"
-            if gpu
-            else "no GPU: vectorized on the host, one map per batch (the model shares these cores anyway)"
-        )
-    cache = knobs.cache
-    if cache == "auto":
-        cache, why = _cache(dataclasses.replace(knobs, augment=augment), spec, num_examples)
-        reasons["pipeline.cache"] = cache + ": " + why
-    before = knobs.shuffle_before_decode
-    if before == "auto":
-        before = cache in ("encoded", "none") and knobs.reader == "tfrecord"
-        reasons["pipeline.shuffle_before_decode"] = (
-            "nothing decoded is cached: shuffle the records, a buffer of JPEG bytes instead of pixels"
-            if before
-            else f"decoded images are cached ({cache}): shuffle them after the cache"
-        )
-    return dataclasses.replace(knobs, augment=augment, cache=cache, shuffle_before_decode=bool(before)), reasons
-
-
-def _cache(knobs: PipelineConfig, spec: DatasetSpec, num_examples: int) -> tuple[str, str]:
-    """What to keep between epochs, and why: the first of decoded in memory, decoded on disk,
-    encoded in memory that the limit and the knobs allow."""
-    decoded = pipeline.cache_size_mb(dataclasses.replace(knobs, cache="memory"), spec, num_examples)
-    encoded = pipeline.encoded_size_mb(spec, num_examples)
-    limit = knobs.cache_limit_mb
-    if knobs.augment == "python":
-        return "none", "the generator augments: a cache after it would keep the first epoch's flips and shifts"
-    if knobs.reader == "python":
-        why = f"the Python generator's decoded images ({decoded:.0f} MB), limit {limit} MB"
-        return ("memory" if decoded <= limit else "none"), why
-    if knobs.random_crop:
-        why = f"random_crop decodes a new window every epoch: encoded records ({encoded:.0f} MB)"
-        return ("encoded" if encoded <= limit else "none"), why
-    if decoded <= limit:
-        return "memory", f"decoded images ({decoded:.0f} MB) fit in cache_limit_mb ({limit})"
-    if knobs.cache_dir:
-        on_disk = pipeline.decoded_size_mb(spec, knobs, num_examples)  # a snapshot stores no mirrors
-        why = f"decoded images exceed cache_limit_mb ({limit}): a {on_disk:.0f} MB snapshot in {knobs.cache_dir}"
-        return "disk", why
-    if encoded <= limit:
-        why = f"decoded images ({decoded:.0f} MB) exceed cache_limit_mb ({limit}); the records ({encoded:.0f} MB) fit"
-        return "encoded", why
-    return "none", f"neither decoded ({decoded:.0f} MB) nor encoded ({encoded:.0f} MB) fit in {limit} MB"
-
-
 @dataclasses.dataclass
 class Plan:
     """A config made concrete for this machine: every `auto` resolved, the strategy, the global batch."""
@@ -213,43 +145,22 @@ class Plan:
     cfg: Config
     choices: Choices
     strategy: tf.distribute.Strategy
-    global_batch: int  # pipeline.batch_size (per replica) x replicas: what one step consumes
+    global_batch: int  # the per-replica batch size x replicas: what one step consumes
     steps_per_epoch: int  # train.steps_per_epoch, or one pass over the training split
+    epoch_steps: int  # one pass over the training split (a cache fills in it)
 
     @property
     def replicas(self) -> int:
         return self.strategy.num_replicas_in_sync
 
 
-def plan(cfg: Config, found: Devices, spec: DatasetSpec) -> Plan:
+def plan(cfg: Config, found: Devices, spec) -> Plan:
     """Resolve `cfg` for `found` and `spec`, create its strategy (before any other TensorFlow op)
     and derive the global batch, checking that it fits the training split."""
     cfg, choices = resolve(cfg, found, spec)
     strategy = make_strategy(cfg)
-    replicas = strategy.num_replicas_in_sync
-    if cfg.task == "text":
-        # rows per batch for pad_max and pad_batch; bucket and pack batches are sized by text.pipeline.token_budget
-        global_batch = cfg.text.pipeline.batch_size * replicas
-        knobs = dataclasses.replace(cfg.text.pipeline, batch_size=global_batch)
-        steps = cfg.train.steps_per_epoch or text_pipeline.steps_per_epoch(knobs, spec)
-        return Plan(cfg, choices, strategy, global_batch, steps)
-    check_batch_size(cfg, spec, replicas)
-    global_batch = cfg.pipeline.batch_size * replicas
-    steps = cfg.train.steps_per_epoch or pipeline.steps_per_epoch(
-        spec.num_train, global_batch, cfg.pipeline.drop_remainder
-    )
-    return Plan(cfg, choices, strategy, global_batch, steps)
-
-
-def check_batch_size(cfg: Config, spec: DatasetSpec, replicas: int) -> None:
-    knobs = cfg.pipeline
-    if knobs.drop_remainder and knobs.batch_size * replicas > spec.num_train:
-        raise UserError(
-            f"pipeline.batch_size ({knobs.batch_size}"
-            + (f" per replica, {knobs.batch_size * replicas} over {replicas} replicas" if replicas > 1 else "")
-            + f") is larger than the training split of {spec.root} ({spec.num_train} examples), so drop_remainder "
-            "would leave no batch at all. Lower pipeline.batch_size or set pipeline.drop_remainder=false."
-        )
+    global_batch, epoch_steps = workloads.get(cfg.workload).batching(cfg, spec, strategy.num_replicas_in_sync)
+    return Plan(cfg, choices, strategy, global_batch, cfg.train.steps_per_epoch or epoch_steps, epoch_steps)
 
 
 def warmup_steps(setting: int | str, steps_per_epoch: int, epochs: int) -> int:

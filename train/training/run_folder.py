@@ -48,7 +48,13 @@ def prepare(cfg: Config, fresh: bool) -> dict | None:
     found = None if fresh or (run_dir / "summary.json").exists() else checkpoint.latest(run_dir)
     if found is not None:
         saved = run_dir / "config.yaml"
-        previous = config_lib.load(saved) if saved.exists() else None
+        try:
+            previous = config_lib.load(saved) if saved.exists() else None
+        except UserError as error:
+            raise UserError(
+                f"{run_dir} holds an unfinished run (checkpoint {found[0].name}) whose config.yaml no longer loads "
+                f"({error}). Rerun with --fresh to start over, or give this run another name (--name NAME)."
+            ) from None
         if previous != cfg:
             changed = differences(config_lib.to_dict(previous), config_lib.to_dict(cfg)) if previous else ["?"]
             raise UserError(

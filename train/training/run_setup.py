@@ -1,5 +1,6 @@
-"""What a loop gets from the run set-up (setup.prepare): the resolved config, the dataset, the devices
-and choices, the strategy, this process's task, the global batch, where to resume, what to skip."""
+"""What a loop gets from the run set-up (prepare_run.prepare): the resolved config, its workload and dataset,
+the devices and choices, the strategy, this process's cluster task, the global batch, where to resume, what
+to skip."""
 
 from __future__ import annotations
 
@@ -8,24 +9,21 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from train import workloads
 from train.config import Config
-from train.input import pipeline
-from train.shards.spec import DatasetSpec
 from train.training.devices import Devices
 from train.training.plan import Choices
 from train.training.task import Task
-from train.workloads.text import pipeline as text_pipeline
-from train.workloads.text.spec import TextSpec
 
 
 @dataclasses.dataclass
 class RunSetup:
     cfg: Config  # resolved: no `auto` left that the plan decides
-    spec: DatasetSpec | TextSpec  # TextSpec when cfg.task is text
+    spec: object  # the built dataset, as the workload describes it
     found: Devices
     choices: Choices
     strategy: tf.distribute.Strategy
-    task: Task
+    task: Task  # which process of a cluster this is (TF_CONFIG), not the workload
     global_batch: int
     steps_per_epoch: int
     config_path: str | None = None
@@ -34,11 +32,13 @@ class RunSetup:
     damaged: dict = dataclasses.field(default_factory=dict)  # shard -> readable records (skip_corrupt)
     skipped: list = dataclasses.field(default_factory=list)
 
+    @property
+    def workload(self):
+        return workloads.get(self.cfg.workload)
+
     def describe_pipeline(self) -> str:
         """One line naming the stages of this run's training pipeline, for logs and reports."""
-        if self.cfg.task == "text":
-            return text_pipeline.describe(self.cfg.text.pipeline, self.spec, self.global_batch)
-        return pipeline.describe(self.cfg.pipeline, self.spec, self.spec.num_train, self.global_batch)
+        return self.workload.describe_pipeline(self.cfg, self.spec, self.global_batch)
 
     @property
     def replicas(self) -> int:
@@ -53,27 +53,17 @@ class RunSetup:
         return f"[{self.cfg.name}{self.task.label}]"
 
     def build(
-        self, files_, *, training: bool, seed: int | None = None, batch_size: int | None = None
+        self, split: str, *, files=None, seed: int | None = None, batch_size: int | None = None
     ) -> tf.data.Dataset:
-        """The pipeline of this run for `files_`, batched at the global batch unless told otherwise. Text: `files_`
-        are the spec's token shards (train_files or val_files); reader python reads the same split's raw shards."""
-        if self.cfg.task == "text":
-            knobs = self.cfg.text.pipeline
-            training_split = tuple(files_) == tuple(self.spec.train_files)
-            return text_pipeline.build(
-                text_pipeline.input_files(self.spec, knobs, training_split),
-                self.spec,
-                knobs,
-                training=training,
-                batch_size=batch_size or self.global_batch,
-                seed=self.cfg.train.seed if seed is None else seed,
-            )
-        return pipeline.build(
-            files_,
+        """The pipeline of this run for `split` (train: shuffled, repeated; validation: each example once), or
+        `files` of it, batched at the global batch unless told otherwise."""
+        return self.workload.build_dataset(
+            self.cfg,
             self.spec,
-            self.cfg.pipeline,
-            training=training,
+            split=split,
+            training=split == "train",
             batch_size=batch_size or self.global_batch,
             seed=self.cfg.train.seed if seed is None else seed,
+            files=files,
             damaged=self.damaged,
         )

@@ -22,20 +22,19 @@ def summary(
     wall_s: float,
     warmup: int,
     utilization: dict | None = None,
-    text: dict | None = None,
+    own: dict | None = None,
 ) -> dict:
     """The figures of a finished run: what ran (device, choices, data, model), how fast (`timing`,
-    from measure/throughput.py), how well (history), the profile's and the sampler's view."""
-    cfg, spec, choices = setup.cfg, setup.spec, setup.choices
+    from measure/throughput.py), how well (history), the profile's and the sampler's view, and the
+    workload's `own` figures (its meter's, under the workload's name: text runs' padding share is
+    what the doctor reads)."""
+    cfg, spec, choices, workload = setup.cfg, setup.spec, setup.choices, setup.workload
     figures = (
         _profile_figures(setup.run_dir)
         if cfg.profile.enabled and setup.task.is_chief
         else {"profile": None, "input_bound_percent": None, "device_busy_percent": None}
     )
     cpu = ((utilization or {}).get("cpu_utilization_percent") or {}).get("mean")
-    if text is not None and text.get("texts_per_s"):
-        # a text batch holds 32 to hundreds of texts (buckets, packed rows): examples/s counts the texts consumed
-        timing = {**timing, "examples_per_sec": text["texts_per_s"]}
     return {
         "name": cfg.name,
         "run_dir": str(setup.run_dir),
@@ -46,15 +45,16 @@ def summary(
         "strategy": choices.strategy,
         "workers": setup.task.workers,
         "replicas": setup.replicas,
-        "batch_size": cfg.text.pipeline.batch_size if cfg.task == "text" else cfg.pipeline.batch_size,
+        "batch_size": workload.batch_size(cfg),
         "global_batch_size": setup.global_batch,
         "model": cfg.model.name,
         "model_params": cfg.model.params,
         "parameters": int(model.count_params()),
-        "task": cfg.task,
-        "dataset": _dataset(cfg, spec),
+        "workload": workload.name,
+        "unit": workload.unit.label,
+        "dataset": workload.dataset_facts(spec),
         "pipeline": setup.describe_pipeline(),
-        "text": text,
+        **({workload.name: own} if own is not None else {}),
         "epochs": cfg.train.epochs,
         "steps_per_epoch": setup.steps_per_epoch,
         "warmup_steps": warmup,
@@ -76,27 +76,6 @@ def summary(
     }
 
 
-def _dataset(cfg, spec) -> dict:
-    figures = {
-        "name": spec.name,
-        "root": str(spec.root),
-        "num_train": spec.num_train,
-        "num_val": spec.num_val,
-        "num_classes": spec.num_classes,
-    }
-    if cfg.task == "text":
-        return {
-            **figures,
-            "source": spec.source,
-            "vocab_size": spec.vocab_size,
-            "max_length": spec.max_length,
-            "length_statistics": spec.length_statistics(),
-            "truncated": spec.truncated,
-            "skipped_rows": spec.skipped,
-        }
-    return {**figures, "image_shape": list(spec.image_shape)}
-
-
 def finish(setup: RunSetup, model: keras.Model, result: dict, log=print) -> dict:
     """Write what a finished run leaves: every worker its weight fingerprint, the chief the model and
     summary.json (last: a summary means the run is complete)."""
@@ -114,41 +93,18 @@ def finish(setup: RunSetup, model: keras.Model, result: dict, log=print) -> dict
     if not setup.task.is_chief:
         return result
     files.atomic_write(setup.run_dir / "model.keras", model.save)
-    if setup.cfg.task == "text":
-        files.atomic_write(setup.run_dir / "serving.keras", _serving(setup, model).save)
+    setup.workload.export(setup.cfg, setup.spec, model, setup.run_dir)
     files.write_json(setup.run_dir / "summary.json", result)
     rate, input_share = result["examples_per_sec"], result["input_bound_percent"]
-    text = result.get("text") or {}
     log(
         f"{setup.tag} done: "
         + (f"{rate:,.0f} examples/s, step {result['step_time_ms']:.1f} ms, " if rate else "")
-        + (
-            f"{text['real_tokens_per_s']:,.0f} real tokens/s, {text['padding_share']:.0%} padding, "
-            f"{text['distinct_shapes']} shape{'' if text['distinct_shapes'] == 1 else 's'}, "
-            if text.get("real_tokens_per_s") and text.get("padding_share") is not None
-            else ""
-        )
+        + setup.workload.describe_figures(result.get(setup.workload.name))
         + (f"{input_share:.1f}% of step time waiting for input, " if input_share is not None else "")
         + (f"val_accuracy {result['val_accuracy']:.3f}" if result["val_accuracy"] is not None else "")
         + f"  ->  {setup.run_dir}/summary.json"
     )
     return result
-
-
-def _serving(setup: RunSetup, model: keras.Model) -> keras.Model:
-    """The trained text model behind the dataset's TextVectorization: raw strings in, logits out. A model
-    trained on packed rows is rebuilt for unpacked ones first (the same layers and weights)."""
-    from train import models
-    from train.workloads.text import model as text_model
-    from train.workloads.text.vocabulary import load_vocabulary
-
-    spec = setup.spec
-    if isinstance(model.input, dict):
-        shape = text_model.TokenInput(spec.vocab_size, spec.max_length)
-        unpacked = models.build_model(setup.cfg.model.name, shape, spec.num_classes, setup.cfg.model.params)
-        unpacked.set_weights(model.get_weights())
-        model = unpacked
-    return text_model.serving_model(model, load_vocabulary(spec.vocabulary_path), spec.max_length)
 
 
 def weights_fingerprint(model: keras.Model) -> str:

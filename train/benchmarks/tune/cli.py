@@ -7,6 +7,7 @@ from pathlib import Path
 
 from train import config as config_lib
 from train import scenario as scenario_lib
+from train import workloads
 from train.benchmarks import trials
 from train.benchmarks.options import TuneOptions
 from train.benchmarks.tune import command, report, space
@@ -15,8 +16,7 @@ from train.benchmarks.tune.overlay import as_sets, read_tuned
 from train.benchmarks.tune.search import short
 from train.core import files
 from train.core.errors import UserError
-from train.input import pipeline
-from train.training import setup
+from train.training import plan
 
 
 def say(line: str) -> None:
@@ -25,33 +25,19 @@ def say(line: str) -> None:
     tqdm.write(line)
 
 
-def make_vet(load, found, spec, replicas: int, start_shuffle: int):
-    """Why a candidate is not worth measuring here (invalid, the same once resolved, a cache over the limit,
-    a shuffle buffer below the floor), or None."""
+def make_vet(load, found, spec, replicas: int, start):
+    """Why a candidate is not worth measuring here (invalid, or the workload's reasons: the same once resolved,
+    images' cache over the limit or shuffle buffer below the floor), or None."""
 
     def resolved(state: dict):
-        return setup.plan(load(state), found, spec).cfg
+        return plan.plan(load(state), found, spec).cfg
 
     def vet(best: dict, candidate: dict) -> str | None:
         try:
             cand = resolved(candidate)
-            if cand.task == "text":  # its cache is token ids (about 4 bytes a token) and its shuffle no knob here
-                now = resolved(best)
-                same = (cand.text.pipeline, cand.train) == (now.text.pipeline, now.train)
-                return "the same settings once auto is resolved" if same else None
-            cand_cache = pipeline.memory_cache_mb(cand.pipeline, spec, spec.num_train)
+            return workloads.get(cand.workload).vet(cand, resolved(best), spec, replicas, start)
         except UserError as error:
             return f"not valid here: {str(error)[:200]}"
-        now = resolved(best)
-        if (cand.pipeline, cand.train) == (now.pipeline, now.train):
-            return "the same settings once auto is resolved"
-        limit = cand.pipeline.cache_limit_mb
-        if cand_cache > limit and cand_cache > pipeline.memory_cache_mb(now.pipeline, spec, spec.num_train):
-            return f"its cache ({cand_cache:,.0f} MB) exceeds pipeline.cache_limit_mb ({limit})"
-        floor = space.shuffle_floor(cand.pipeline.batch_size * replicas, spec.num_train)
-        if cand.pipeline.shuffle_buffer < min(floor, start_shuffle) and cand.pipeline.shuffle_buffer:
-            return f"shuffle buffer {cand.pipeline.shuffle_buffer} below the floor {floor}"
-        return None
 
     return vet
 
@@ -77,7 +63,7 @@ def main(opts: TuneOptions) -> int:
     out = Path(opts.out)
     spec, found = trials.begin(scenario, [base_cfg])  # out is emptied once the budget is accepted
     start_cfg = load(start)
-    replicas = setup.plan(start_cfg, found, spec).replicas
+    replicas = plan.plan(start_cfg, found, spec).replicas
     knobs = space.plan(start_cfg, spec, found, replicas=replicas, batch=opts.batch, only=list(opts.only))
     base = {key: space.get(base_cfg, key) for key in {k.key for k in knobs} | set(start) | {"train.learning_rate"}}
     if start:
@@ -94,15 +80,8 @@ def main(opts: TuneOptions) -> int:
     finally:
         measure.close()
     points = [("tune/ratio_vs_best", row["gain"], row["trial"]) for row in result["trials"] if "gain" in row]
-    points += [
-        (
-            f"tune/best_{'real_tokens' if result.get('task') == 'text' else 'examples'}_per_sec",
-            row["best_rate"],
-            row["trial"],
-        )
-        for row in result["trials"]
-        if "gain" in row
-    ]
+    tag = f"tune/best_{workloads.of_record(result).unit.tag}"
+    points += [(tag, row["best_rate"], row["trial"]) for row in result["trials"] if "gain" in row]
     files.write_scalars(out / "tb", points)
     print()
     print(report.summary(result))
@@ -129,7 +108,6 @@ def search_and_write(opts, measure, start, base, knobs, began, spec, found, scen
     )
     command.check_budget(opts.minutes * 60, time.monotonic() - began, first_guess_s, reserve_s, trial_s)
     trials.output_folder(Path(opts.out), clean=True)  # a refused budget leaves the last tune's results as they were
-    start_shuffle = load(start).pipeline.shuffle_buffer
     return command.run(
         start,
         base,
@@ -144,7 +122,7 @@ def search_and_write(opts, measure, start, base, knobs, began, spec, found, scen
         final_guess_s=final_guess_s,
         prepare_s=prepare_s,
         facts=command.facts_of(opts, found, spec, scenario, tuned_path if start else None),
-        vet=make_vet(load, found, spec, setup.plan(load(start), found, spec).replicas, start_shuffle),
+        vet=make_vet(load, found, spec, plan.plan(load(start), found, spec).replicas, load(start)),
         reference=reference or None,
         began=began,
         say=say,

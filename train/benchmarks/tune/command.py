@@ -175,6 +175,7 @@ def run(
     result = {
         "rule": RULE,
         **facts,
+        "changes_learning": [knob.key for knob in knobs if knob.also],  # keys that move the learning rate too
         **{"budget_minutes": budget_s / 60, "rounds": rounds, "final_rounds": final_rounds, "start": start},
         **{"best": found.best, "stopped": found.stopped, "trials": found.trials, "search_seconds": found.seconds},
         "final": final,
@@ -198,17 +199,14 @@ def run(
 def facts_of(opts: TuneOptions, found, spec, scenario, started_from: Path | None) -> dict:
     """Where, on what and from which config: the overlay's header and tune.json carry these."""
     from train import scenario as scenario_lib
+    from train import workloads
 
-    text = getattr(spec, "tokens_train", None) is not None
-    if text:
-        dataset = f"{spec.name} ({spec.num_train} training texts of at most {spec.max_length} tokens, {spec.root})"
-    else:
-        shape = "x".join(map(str, spec.image_shape))
-        dataset = f"{spec.name} ({spec.num_train} training images of {shape}, {spec.root})"
+    workload = workloads.get(config_lib.workload_of(files.project_file(opts.config)))
     return {
         "machine": found.describe(),
-        "dataset": dataset,
-        "task": "text" if text else "image",
+        "dataset": workload.dataset_line(spec),
+        "workload": workload.name,
+        "unit": workload.unit.label,
         "scenario": ", ".join(scenario_lib.named(Path(o).stem) for o in scenario.overlays) or "none",
         "scenario_overlays": [
             str(Path(o).relative_to(files.PROJECT_ROOT)) if Path(o).is_relative_to(files.PROJECT_ROOT) else o

@@ -10,17 +10,16 @@ from pathlib import Path
 
 import yaml
 
+from train import workloads
 from train.core import files
 from train.core.errors import UserError
 
-OPTIMIZED = "configs/optimized.yaml"
-TEXT_OPTIMIZED = "configs/text/optimized.yaml"
 _MISSING = object()
 
 
 def per_s(result: dict) -> str:
-    """The unit of the rates: real tokens/s for the text task, examples/s for images."""
-    return "tokens/s" if result.get("task") == "text" else "ex/s"
+    """The unit of the rates, short (the workload's: ex/s for images, tokens/s for text)."""
+    return workloads.of_record(result).unit.short
 
 
 def flatten(values: dict, prefix: str = "") -> dict:
@@ -88,18 +87,10 @@ def tuned_header(result: dict) -> str:
         ]
     else:
         lines.append(result["note"])
-    overlay = result["overlay"] or {}
-    batch = overlay.get("pipeline", {}).get("batch_size")
-    budget = overlay.get("text", {}).get("pipeline", {}).get("token_budget")
-    if budget is not None:
-        lines.append(
-            f"text.pipeline.token_budget {budget} with train.learning_rate scaled linearly: this changes what is "
-            "learned"
-        )
-    if batch is not None:
-        lines.append(
-            f"pipeline.batch_size {batch} with train.learning_rate scaled linearly: this changes what is learned"
-        )
+    changed = flatten(result["overlay"] or {})
+    for key in result.get("changes_learning", ()):
+        if key in changed:
+            lines.append(f"{key} {changed[key]} with train.learning_rate scaled linearly: this changes what is learned")
     lines += [
         f"Only the knobs that changed. Use: {train_command(result)}",
         "(tuned for the scenario above: under another model or machine, run make tune again).",
@@ -110,14 +101,14 @@ def tuned_header(result: dict) -> str:
 def train_command(result: dict) -> str:
     """The command that trains what was tuned: the same config, scenario, overlays and --set, with the
     tuned overlay; a --set whose key the overlay holds is left out (it would override the tuned value).
-    `make train-optimized` where the config is the optimized preset, `python -m train fit` otherwise."""
+    `make train-optimized` where the config is a workload's optimized preset, `python -m train fit` otherwise."""
     tuned = set(flatten(result.get("overlay") or {}))
     layers = [*result.get("scenario_overlays", []), *result.get("user_overlays", []), result["tuned_path"]]
     sets = [item for item in result.get("overrides", []) if item.split("=", 1)[0] not in tuned]
     arguments = [f"--overlay {shlex.quote(str(layer))}" for layer in layers]
     arguments += [f"--set {shlex.quote(item)}" for item in sets]
-    config = result.get("config_path", OPTIMIZED)
-    for preset, task in ((OPTIMIZED, ""), (TEXT_OPTIMIZED, " TASK=text")):
-        if files.project_file(config).resolve() == files.project_file(preset).resolve():
-            return f'make train-optimized{task} ARGS="' + " ".join(arguments) + '"'
+    workload = workloads.of_record(result)
+    config = result.get("config_path", workload.presets.optimized)
+    if files.project_file(config).resolve() == files.project_file(workload.presets.optimized).resolve():
+        return f'make train-optimized{workload.make_args} ARGS="' + " ".join(arguments) + '"'
     return " ".join(["python -m train fit --config", shlex.quote(str(config)), *arguments])

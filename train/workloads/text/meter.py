@@ -77,6 +77,10 @@ class TokenCounter:
     def read(self) -> tuple[list[float], tuple[int, int]]:
         return [float(v) for v in self.totals.numpy()], tuple(int(v) for v in self.shape.numpy())
 
+    def count(self) -> float:
+        """The real tokens counted so far: what a text benchmark's rate counts."""
+        return float(self.totals[0].numpy())
+
 
 class TextFigures(keras.callbacks.Callback):
     """Per execution: the tokens it consumed, its time, its batch shape; per epoch and at the end, the figures."""
@@ -166,6 +170,28 @@ class TextFigures(keras.callbacks.Callback):
             "compile_seconds": self.compile_seconds() if self.jit_compile else None,
             "first_step_seconds": self.compile_seconds() if not self.jit_compile else None,
         }
+
+
+class TextMeter:
+    """What a text run measures beside step time (the workload's `meter`): the counting map at the end of the
+    training dataset (`wrap`), the callback that reads it (`callback`), the XLA dump of the chief's compiles,
+    and at the end the figures (`finish`), also written as TensorBoard scalars (text/run_*)."""
+
+    def __init__(self, warmup_steps: int, logdir: Path, jit_compile: bool, run_dir: Path, chief: bool):
+        self.counter = TokenCounter()
+        self.callback = TextFigures(self.counter, warmup_steps, logdir, jit_compile)
+        self.logdir = logdir
+        self.xla_dump = start_xla_dump(run_dir) if jit_compile and chief else None
+
+    def wrap(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return self.counter.wrap(dataset)
+
+    def finish(self) -> tuple[dict, float | None]:
+        """(the run's text figures, the texts consumed per second: its examples/s)."""
+        figures = self.callback.summary(count_xla_compiles(self.xla_dump))
+        points = [(f"text/run_{key}", figures[key], 0) for key in SCALARS if figures.get(key) is not None]
+        files.write_scalars(self.logdir, points, ".text_run")
+        return figures, figures.get("texts_per_s") or None
 
 
 def _rates(counts: list[float], seconds: float) -> dict:

@@ -6,8 +6,8 @@ chains them, each switched by its knob:
 
     read      python: a generator reads the raw JSONL texts and tokenizes each in Python (a split and a
               dict lookup against the saved vocabulary), one text at a time
-              tfrecord: token-id shards (shuffled every epoch), interleaved over parallel_reads shards,
-              parsed in a parallel map
+              tfrecord: token-id shards read by the shared reader (train/input/reader.py: shuffled every
+              epoch, interleaved over parallel_reads shards), parsed in a parallel map
     cache     the token ids in memory (tfrecord; about 4 bytes a token)
     shuffle   texts
     repeat    training with bucket or pack: before batching, so buckets fill across epochs and no text
@@ -34,16 +34,13 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
+from train.input import reader
 from train.workloads.text import buckets, packing, raw_shards, token_records
 from train.workloads.text.settings import TextPipelineConfig
 from train.workloads.text.spec import TextSpec
 from train.workloads.text.vocabulary import PythonTokenizer, load_vocabulary
 
-AUTOTUNE = tf.data.AUTOTUNE
-
-
-def _auto(value: int | str) -> int:
-    return AUTOTUNE if value == "auto" else int(value)
+_auto = reader.parallelism
 
 
 def resolve(knobs: TextPipelineConfig, spec: TextSpec) -> tuple[TextPipelineConfig, dict]:
@@ -114,16 +111,7 @@ def _python_reader(files, spec: TextSpec, knobs: TextPipelineConfig, training: b
 
 
 def _tfrecord_reader(files, knobs: TextPipelineConfig, training: bool, seed: int) -> tf.data.Dataset:
-    file_list = tf.data.Dataset.from_tensor_slices(list(files))
-    if training and knobs.shuffle_files:
-        file_list = file_list.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if knobs.parallel_reads == 1:
-        serialized = tf.data.TFRecordDataset(file_list)
-    else:
-        reads = _auto(knobs.parallel_reads)
-        serialized = file_list.interleave(
-            tf.data.TFRecordDataset, cycle_length=reads, num_parallel_calls=reads, deterministic=knobs.deterministic
-        )
+    serialized = reader.records(files, knobs, training=training, seed=seed)
     return serialized.map(
         token_records.parse, num_parallel_calls=_auto(knobs.parallel_calls), deterministic=knobs.deterministic
     )
@@ -153,12 +141,7 @@ def _batch(dataset, spec: TextSpec, knobs: TextPipelineConfig, training: bool, b
 
 
 def options(knobs: TextPipelineConfig) -> tf.data.Options:
-    opts = tf.data.Options()
-    opts.deterministic = knobs.deterministic
-    opts.autotune.enabled = knobs.autotune
-    # tf.data quietly appends a prefetch when autotuning; "no prefetch" must mean none.
-    opts.experimental_optimization.inject_prefetch = knobs.prefetch != 0
-    return opts
+    return reader.options(knobs)
 
 
 def build(

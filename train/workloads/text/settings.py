@@ -1,9 +1,10 @@
 """The typed knobs of the text task: where the text comes from and how it is built (TextDataConfig), and
 every knob of the one text pipeline builder (TextPipelineConfig). Presets: configs/text/*.yaml.
 
-They sit under the `text:` section of the run's config (`task: text`), read by train/config.py's
+They sit under the `text:` section of the run's config (`workload: text`), read by train/config.py's
 loader like every other section: unknown keys and wrong types are errors before anything runs, and
-`check` (called by the loader) finds the range and consistency problems.
+`check` (called by the loader) finds the range and consistency problems. No TensorFlow here: the text
+models registered below are built with Keras only when a run builds one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
-Auto = Literal["auto"]
+from train.input import knobs as read_knobs
+from train.input.knobs import Auto, ReadKnobs
+from train.workloads.text.model import text_small, text_transformer
 
 
 @dataclass
@@ -37,24 +40,18 @@ class TextDataConfig:
 
 
 @dataclass
-class TextPipelineConfig:
-    """Every knob of the text pipeline builder (train/workloads/text/pipeline.py)."""
+class TextPipelineConfig(ReadKnobs):
+    """Every knob of the text pipeline builder (train/workloads/text/pipeline.py); the shared ones (reader ...
+    autotune) are train/input/knobs.py's. reader python: a generator reads the raw texts and tokenizes each in
+    Python (split + dict lookup); tfrecord: the token ids written when the dataset was built."""
 
-    # python: a generator reads the raw texts and tokenizes each in Python (split + dict lookup);
-    # tfrecord: the token ids written when the dataset was built, read by tf.data
-    reader: Literal["python", "tfrecord"] = "tfrecord"
-    shuffle_files: bool = True  # shuffle the shard order every epoch
-    parallel_reads: Union[int, Auto] = "auto"  # shards read at once by interleave; 1 reads them one after another
-    parallel_calls: Union[int, Auto] = "auto"  # parallelism of the parse map; 1 is serial
-    deterministic: bool = False  # False lets parallel stages hand out whichever element is ready first
+    batch_size: int = 32  # rows per batch for pad_max and pad_batch
     cache: bool = True  # keep the parsed token ids in memory after the first epoch (about 4 bytes a token)
-    shuffle_buffer: int = 10_000  # examples; 0 turns the shuffle off
     # pad_max: every row padded to data.max_length, batch_size rows (one shape, most of it padding);
     # pad_batch: batch_size rows padded to the longest of the batch (less padding, a new shape almost every step);
     # bucket: rows of similar length batched together and padded to their bucket's length (few shapes, little
     # padding); pack: several examples per row of pack_length, with segment ids (one shape, least padding)
     batching: Literal["pad_max", "pad_batch", "bucket", "pack"] = "bucket"
-    batch_size: int = 32  # rows per batch for pad_max and pad_batch
     # bucket: token slots per batch: a bucket of length L gets token_budget // L rows (a multiple of
     # pad_multiple), so every step costs about the same; pack: rows per batch = token_budget // pack_length
     token_budget: int = 8192
@@ -67,9 +64,6 @@ class TextPipelineConfig:
     pack_length: Union[int, Auto] = "auto"  # pack: row length; auto: data.max_length
     max_segments: int = 16  # pack: examples per row at most
     pack_window: int = 512  # pack: examples packed together (first-fit decreasing within a window)
-    drop_remainder: bool = True  # training: only full batches, so each bucket has one shape (one XLA compile)
-    prefetch: Union[int, Auto] = "auto"  # batches prepared ahead of the model; 0 turns it off
-    autotune: bool = True  # let tf.data tune parallelism and buffer sizes
 
 
 @dataclass
@@ -78,20 +72,19 @@ class TextConfig:
     pipeline: TextPipelineConfig = field(default_factory=TextPipelineConfig)
 
 
-def check(text: TextConfig, need, prefix: str = "text") -> None:
-    """Range and consistency checks; `need(ok, key, value, rule)` collects the problems (config._Problems)."""
-    d, p = text.data, text.pipeline
+SECTIONS = {"text": TextConfig}  # the config's sections this workload reads
+MODELS = (text_small, text_transformer)  # registered with train/models.py's registry (model.py: no TensorFlow)
+
+
+def check(sections: dict, need, prefix: str = "text") -> None:
+    """Range and consistency checks; `need(ok, key, value, rule)` collects the problems (config_rules.Problems)."""
+    d, p = sections["text"].data, sections["text"].pipeline
+    read_knobs.check(p, need, f"{prefix}.pipeline")
     for key in ("num_train", "num_val", "num_shards"):
         need(getattr(d, key) >= 1, f"{prefix}.data.{key}", getattr(d, key), ">= 1")
     need(0 < d.val_fraction < 1, f"{prefix}.data.val_fraction", d.val_fraction, "between 0 and 1")
     need(d.max_tokens >= 3, f"{prefix}.data.max_tokens", d.max_tokens, ">= 3 (padding, out of vocabulary, one term)")
     need(d.max_length >= 2, f"{prefix}.data.max_length", d.max_length, ">= 2")
-    for key in ("parallel_reads", "parallel_calls"):
-        value = getattr(p, key)
-        need(value == "auto" or value >= 1, f"{prefix}.pipeline.{key}", value, "'auto' or >= 1")
-    need(p.prefetch == "auto" or p.prefetch >= 0, f"{prefix}.pipeline.prefetch", p.prefetch, "'auto' or >= 0")
-    need(p.shuffle_buffer >= 0, f"{prefix}.pipeline.shuffle_buffer", p.shuffle_buffer, ">= 0")
-    need(p.batch_size >= 1, f"{prefix}.pipeline.batch_size", p.batch_size, ">= 1")
     need(p.pad_multiple >= 1, f"{prefix}.pipeline.pad_multiple", p.pad_multiple, ">= 1")
     need(0 < p.max_padding < 1, f"{prefix}.pipeline.max_padding", p.max_padding, "between 0 and 1")
     need(p.max_buckets >= 1, f"{prefix}.pipeline.max_buckets", p.max_buckets, ">= 1")

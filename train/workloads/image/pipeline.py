@@ -1,4 +1,4 @@
-"""The one input-pipeline builder. Every knob is explicit in `PipelineConfig`.
+"""The one image pipeline builder. Every knob is explicit in `PipelineConfig` (settings.py).
 
 The naive baseline and the optimized pipeline are presets of these knobs
 (configs/naive.yaml, configs/optimized.yaml); the ladder turns them on one at a time.
@@ -6,8 +6,8 @@ Stages, in the order `build` chains them, each switched by its knob:
 
     read      python: a generator reads the records one by one, decodes each JPEG with PIL (resized
               to output_size) and, with augment: python, augments it with numpy, all in Python
-              tfrecord: shard list (shuffled every epoch) -> TFRecordDataset, interleaved over
-              parallel_reads shards (1: one shard after another)
+              tfrecord: the shared reader (train/input/reader.py): shard list (shuffled every epoch)
+              -> TFRecordDataset, interleaved over parallel_reads shards (1: one shard after another)
     cache     encoded: the records (JPEG bytes) in memory
     shuffle   the records, before decoding (shuffle_before_decode: when nothing decoded is cached)
     decode    tfrecord: parse + decode in a parallel map, at output_size: full decode and resize,
@@ -25,8 +25,8 @@ Stages, in the order `build` chains them, each switched by its knob:
     (augment  device: Keras layers at the start of the model, augment.DeviceAugment)
 
 `build` takes knobs whose `auto`s are decided (what to cache, where to shuffle and augment: the
-run's plan, train/training/plan.py, decides them for the dataset and the device) and raises on
-one that is not. `auto` in parallel_reads, parallel_calls and prefetch is tf.data's AUTOTUNE.
+run's plan decides them for the dataset and the device: choices.py) and raises on one that is not.
+`auto` in parallel_reads, parallel_calls and prefetch is tf.data's AUTOTUNE.
 Elements are (uint8 images [B, H, W, C], int64 labels [B]).
 """
 
@@ -40,17 +40,14 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from train.config import PipelineConfig
 from train.core.errors import UserError
-from train.input import augment
+from train.input import reader
 from train.shards import records
 from train.shards.spec import DatasetSpec
+from train.workloads.image import augment
+from train.workloads.image.settings import PipelineConfig
 
-AUTOTUNE = tf.data.AUTOTUNE
-
-
-def _auto(value: int | str) -> int:
-    return AUTOTUNE if value == "auto" else int(value)
+_auto = reader.parallelism
 
 
 def image_shape(spec: DatasetSpec, knobs: PipelineConfig) -> tuple[int, int, int]:
@@ -114,7 +111,7 @@ def require_resolved(knobs: PipelineConfig) -> None:
             f"The input pipeline needs its `auto` knobs decided, but {', '.join(undecided)} "
             f"{'is' if len(undecided) == 1 else 'are'} still 'auto'. Decide them for the dataset and the device "
             "first: train.training.plan.resolve(cfg, devices, spec) for a whole config (what a run's set-up does), "
-            "or plan.pipeline_choices(knobs, spec, gpu=...) for the pipeline knobs alone."
+            "or train.workloads.image.choices.pipeline_choices(knobs, spec, gpu=...) for the pipeline knobs alone."
         )
 
 
@@ -236,19 +233,7 @@ def _tfrecord_reader(
     """
     damaged_here = [payload for path in files if path in damaged for payload in damaged[path]]
     files = [path for path in files if path not in damaged]
-    file_list = tf.data.Dataset.from_tensor_slices(files)
-    if training and knobs.shuffle_files:
-        file_list = file_list.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if knobs.parallel_reads == 1:
-        serialized = tf.data.TFRecordDataset(file_list)
-    else:
-        parallel_reads = _auto(knobs.parallel_reads)
-        serialized = file_list.interleave(
-            tf.data.TFRecordDataset,
-            cycle_length=parallel_reads,
-            num_parallel_calls=parallel_reads,
-            deterministic=knobs.deterministic,
-        )
+    serialized = reader.records(files, knobs, training=training, seed=seed)
     if damaged_here:
         serialized = serialized.concatenate(tf.data.Dataset.from_tensor_slices(damaged_here))
     if knobs.cache == "encoded":
@@ -270,16 +255,7 @@ def _tfrecord_reader(
 
 
 def options(knobs: PipelineConfig) -> tf.data.Options:
-    opts = tf.data.Options()
-    opts.deterministic = knobs.deterministic
-    opts.autotune.enabled = knobs.autotune
-    # tf.data quietly appends a prefetch when autotuning; "no prefetch" must mean none.
-    opts.experimental_optimization.inject_prefetch = knobs.prefetch != 0
-    if knobs.private_threadpool_size:
-        opts.threading.private_threadpool_size = knobs.private_threadpool_size
-    if knobs.max_intra_op_parallelism:
-        opts.threading.max_intra_op_parallelism = knobs.max_intra_op_parallelism
-    return opts
+    return reader.options(knobs, knobs.private_threadpool_size, knobs.max_intra_op_parallelism)
 
 
 def build(

@@ -40,7 +40,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train.config import PHOTO_TRANSFORMS, TRANSFORMS
+from train.workloads.image.settings import PHOTO_TRANSFORMS, TRANSFORMS
 
 SHIFT_FRACTION = 1 / 16  # largest vertical shift, as a fraction of the image height
 
@@ -199,7 +199,7 @@ class DeviceAugment(keras.layers.Layer):
     inference it passes images through.
 
     Registered with Keras when this module is imported (as training does), so a saved model
-    that holds it loads in any process that imports train.input.augment first."""
+    that holds it loads in any process that imports train.workloads.image.augment first."""
 
     def __init__(self, seed: int = 0, transforms: Sequence[str] = PHOTO_TRANSFORMS, **kwargs):
         super().__init__(**kwargs)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from train.config import Config
 from train.core.errors import UserError
 from train.shards import integrity
 from train.shards.spec import DatasetSpec
@@ -24,7 +23,7 @@ class Readable:
     skipped: list = dataclasses.field(default_factory=list)  # integrity.Problem, one per skipped record
 
 
-def verify(cfg: Config, spec: DatasetSpec, build_hint: str) -> None:
+def verify(cfg, spec: DatasetSpec, build_hint: str) -> None:
     """Raise a clear error when a shard is damaged (unless the run skips damaged records)."""
     if cfg.data.verify and not cfg.pipeline.skip_corrupt:
         problems = integrity.verify(spec)
@@ -32,7 +31,7 @@ def verify(cfg: Config, spec: DatasetSpec, build_hint: str) -> None:
             raise damaged_error(spec, problems, build_hint)
 
 
-def readable(cfg: Config, spec: DatasetSpec) -> Readable:
+def readable(cfg, spec: DatasetSpec) -> Readable:
     """With pipeline.skip_corrupt: scan every record, keep the readable ones of damaged shards."""
     if not cfg.pipeline.skip_corrupt:
         return Readable()
