@@ -53,7 +53,7 @@ ifndef TEMPLATE_IN_CONTAINER
 $(STAMP): pyproject.toml doctor/pyproject.toml $(SETUP_CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -c $(SETUP_CONSTRAINTS) -e "./doctor[bench,test]" -e ".[$(TF_EXTRA),dev]"
+	$(PY) -m pip install -c $(SETUP_CONSTRAINTS) -e "./doctor[bench,test,jax]" -e ".[$(TF_EXTRA),dev]"
 	@touch $@
 endif
 
@@ -190,11 +190,14 @@ clean: ## Remove runs/ and the built datasets (keeps .venv)
 SCRIPT ?=
 NEED_SCRIPT = @test -n "$(SCRIPT)" || { echo 'error: name the script and its arguments, e.g. make profile SCRIPT="my_train.py --epochs 3"' >&2; exit 2; }
 
-.PHONY: profile bench-profile docker-profile
+.PHONY: profile bench-profile docker-profile gpu-check
 
 profile: setup ## Profile your own training script, unchanged, and diagnose it (SCRIPT="my_train.py ARGS")
 	$(NEED_SCRIPT)
 	$(PY) -m step_doctor profile $(ARGS) -- $(PY) $(SCRIPT)
+
+gpu-check: setup ## The doctor on Keras-on-JAX, starved and fed: this machine's CPU part here (doctor/tools/gpu_check.sh for a GPU host) -> runs/gpu-check/
+	$(PY) doctor/tools/gpu_check.py --out runs/gpu-check $(ARGS)
 
 bench-profile: setup ## What profile costs a run outside its capture window: a corpus script with and without it
 	$(PY) -m step_doctor bench-profile $(ARGS)

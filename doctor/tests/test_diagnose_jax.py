@@ -156,3 +156,14 @@ def test_profile_captures_keras_on_jax_unchanged_with_tf_data_stages(tmp_path):
     assert "MapAndBatch" in (run["recommendations"][0]["stage"] or "")
     session = Path(run["profile"]["session"])
     assert len(list(session.glob("*-tensorflow.xplane.pb"))) == len(list(session.glob("*.xplane.pb"))) - 1 == 1
+
+
+def test_the_diagnose_tab_shows_a_jax_run_like_any_other(corpus):
+    from tests.tab_logs import app, diagnosed
+
+    _, client = app(corpus)
+    found = diagnosed(client, "jax_loop_python_generator")
+    assert found["state"] == "done", found
+    item = found["diagnosis"]
+    assert item["verdict"] == "input-bound" and item["recommendations"][0]["cause"] == "python-input"
+    assert found["text"].startswith("jax_loop_python_generator: INPUT-BOUND")
