@@ -253,7 +253,10 @@ def record(root: Path) -> dict[str, float]:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--record":
         print(record(Path(sys.argv[2])))
-    elif len(sys.argv) == 2 and sys.argv[1] in CASES:
-        (train_keras if CASES[sys.argv[1]] == "keras" else train_loop)(sys.argv[1], None)
+    elif len(sys.argv) == 2 and sys.argv[1] in CASES:  # as a user's script: long enough for profile's windows
+        if CASES[sys.argv[1]] == "keras":
+            train_keras(sys.argv[1], None, steps=40)
+        else:
+            train_loop(sys.argv[1], None, steps=1000)
     else:
         raise SystemExit(f"usage: {sys.argv[0]} CASE | --record ROOT   (cases: {', '.join(CASES)})")

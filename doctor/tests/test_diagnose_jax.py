@@ -167,3 +167,33 @@ def test_the_diagnose_tab_shows_a_jax_run_like_any_other(corpus):
     item = found["diagnosis"]
     assert item["verdict"] == "input-bound" and item["recommendations"][0]["cause"] == "python-input"
     assert found["text"].startswith("jax_loop_python_generator: INPUT-BOUND")
+
+
+@pytest.mark.long
+def test_profile_captures_a_plain_jax_loop_over_a_time_window(tmp_path):
+    """No Python code sees a jitted function's calls: the window starts once JAX's compiles have settled."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [
+            str(STEP_DOCTOR),
+            "profile",
+            "--json",
+            "--logdir",
+            "logs",
+            "--",
+            sys.executable,
+            str(CORPUS),
+            "jax_loop_python_generator",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    (process,) = document["capture"]["processes"]
+    assert process["mode"] == "jax-loop" and process["capture"]["profiler"] == "jax", process
+    (run,) = document["runs"].values()
+    assert run["verdict"] == "input-bound" and run["recommendations"][0]["cause"] == "python-input"

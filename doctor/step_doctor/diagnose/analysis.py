@@ -129,7 +129,9 @@ def analyze_session(session: Path) -> Profile:
         try:
             if trace.jax:
                 for companion in companions:
-                    hosttrace.merge(trace, _companion(companion))
+                    merged = _companion(companion)
+                    if merged is not None:
+                        hosttrace.merge(trace, merged)
                 found = jax_steps.find(trace)
             else:
                 found = xla.without_warm_up(trace, step_windows.find(trace))
@@ -190,9 +192,15 @@ _JAX_MADE = (
 COMPANION = "-tensorflow.xplane.pb"
 
 
-def _companion(xplane: str) -> hosttrace.HostTrace:
-    """TensorFlow's file beside JAX's: its events are merged into JAX's trace, the file itself closed."""
-    trace = hosttrace.load(xplane)
+def _companion(xplane: str) -> hosttrace.HostTrace | None:
+    """TensorFlow's file beside JAX's: its events are merged into JAX's trace, the file itself closed. None where it
+    recorded nothing (the script imported TensorFlow and fed its steps otherwise)."""
+    try:
+        trace = hosttrace.load(xplane)
+    except ProfileError:
+        if Path(xplane).is_file() and Path(xplane).stat().st_size < 4096:  # an empty capture: no tf.data ran
+            return None
+        raise
     trace.close()
     return trace
 

@@ -123,10 +123,10 @@ def nothing_captured(child: ChildRun) -> tuple[str, int]:
             "STEP_DOCTOR_PROFILE). Python started with -I, -E or -S skips the hook.",
             fallback,
         )
-    if not any(s.get("tensorflow_at") for s in statuses):
+    if not any(s.get("tensorflow_at") or s.get("jax_at") for s in statuses):
         return (
-            f"{command} {ended} and never imported TensorFlow, so there was nothing to capture: profile captures "
-            "TensorFlow training (Keras fit, or a custom loop that calls a tf.function step)."
+            f"{command} {ended} and never imported TensorFlow or JAX, so there was nothing to capture: profile "
+            "captures TensorFlow and JAX training (Keras fit, a custom loop that calls a tf.function step, a JAX loop)."
             + (" Its own output above says why it failed." if failed else ""),
             fallback,
         )
@@ -161,6 +161,17 @@ def _never_reached(command: str, ended: str, statuses: list[dict], failed: bool)
             f"{command} {ended}: its most-called tf.function, `{top['function']}`, ran {top['calls']} time(s); a "
             "custom loop is captured from its step function's 6th call on (--steps A-B to choose), so nothing was "
             f"captured. {_suggest(top['calls'])}"
+        )
+    jax = [s for s in statuses if s.get("jax_at")]
+    if jax:
+        took = max(s["jax_at"] for s in jax) - min(s["started_at"] for s in statuses)
+        compiles = max(s.get("jax_compiles", 0) for s in jax)
+        return (
+            f"{command} {ended}. It imported JAX ({took:.1f} s after start) and compiled {compiles} time(s), but no "
+            "window was captured: a plain JAX loop is captured over a time window that starts once JAX has not "
+            "compiled for 1 s (at most 10 s after its first compile), and the script ended before that. Train "
+            "longer, or capture it yourself (jax.profiler.start_trace(logdir) / stop_trace() around some steps) "
+            "and run `step-doctor diagnose logdir`." + (" Its own output above says why it failed." if failed else "")
         )
     took = max(s.get("tensorflow_at", 0) for s in statuses) - min(s["started_at"] for s in statuses)
     return (

@@ -109,6 +109,7 @@ class JaxCapture:
         if not name.endswith(COMPILED) or os.getpid() != self.pid:
             return
         self.compiles.append(time.time())
+        self.status["jax_compiles"] = len(self.compiles)  # saved with the status's next write
         if len(self.compiles) == 1 and not self.fit_used and self.state == "waiting":
             threading.Thread(target=self._watch_jax_loop, name="profile-jax-window", daemon=True).start()
 
