@@ -8,13 +8,15 @@ SHELL := /bin/bash
 ARGS ?=
 # auto: the CPU scenario where no GPU is found; or a name in configs/scenarios/ (larger_than_memory), none
 SCENARIO ?= auto
-# image: the presets in configs/; text: those in configs/text/ (docs/text.md), e.g. make compare TASK=text
-TASK ?= image
-ifeq ($(filter image text,$(TASK)),)
-$(error TASK must be image or text, got '$(TASK)')
+# The workload (train/workloads/): image, the presets in configs/; any other registered one, the presets in
+# configs/<name>/ (text: docs/text.md; yours: docs/make-it-yours.md), e.g. make compare TASK=text. WORKLOAD= is the same.
+WORKLOAD ?= image
+TASK ?= $(WORKLOAD)
+PRESETS := $(if $(wildcard configs/$(TASK)/optimized.yaml),configs/$(TASK),configs)
+ifeq ($(PRESETS)$(filter image,$(TASK)),configs)
+$(error TASK=$(TASK): no presets in configs/$(TASK)/ (base, naive, optimized: a workload's, docs/make-it-yours.md))
 endif
-PRESETS := $(if $(filter text,$(TASK)),configs/text,configs)
-# the task's presets for the commands that compare them (compare, bench, ladder, sweep-batch)
+# the workload's presets for the commands that compare them (compare, bench, ladder, sweep-batch)
 PAIR := --naive $(PRESETS)/naive.yaml --optimized $(PRESETS)/optimized.yaml
 PORT ?= 6006
 # diagnose reads runs/compare and tensorboard serves runs/ unless LOGDIR names another log folder
@@ -44,7 +46,7 @@ endif
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
-	@echo "Usage: make <target> [TASK=image|text] [ARGS='--set key=value ...']"
+	@echo "Usage: make <target> [TASK=image|text|<your workload>] [ARGS='--set key=value ...']"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: $(STAMP) ## Create .venv and install the project with the pinned versions (constraints.txt; constraints-gpu.txt with a GPU)

@@ -95,10 +95,8 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
 def tiny(input_shape, num_classes, width: int = 16):
     """Three strided convolutions and a global max-pool: fast enough on a CPU that the input
     pipeline, not the model, limits throughput, as it does on an accelerator. That is why
-    `make compare` uses it on a machine without a GPU. Its speed depends on the CPU: fed from
-    memory at width 16, `make bench` measured 16,888 images/s on a 2-core Intel Xeon with
-    AVX512_BF16 (mixed_bfloat16) and 3,055-3,279 on a 2-core AMD EPYC without bf16 units
-    (float32; docs/figures.md). It still learns the built-in dataset (~98 % in 6 epochs).
+    `make compare` uses it on a machine without a GPU. Its speed depends on the CPU, several-fold,
+    and it still learns the built-in dataset: docs/figures.md, "The tiny model's speed".
     """
     import keras
     from keras import layers

@@ -1,8 +1,8 @@
 """Every `auto` decided in one place: what a config becomes on this machine, and why.
 
 What speeds up a modern NVIDIA GPU (float16 tensor cores, XLA fusion, many steps per host
-round trip, augmentation next to the model) can slow a CPU down: on the project's 2-core CPUs
-XLA made a small CNN 2-4x slower and mixed_bfloat16 about 7x slower. So `auto` means "what is
+round trip, augmentation next to the model) can slow a CPU down several-fold (the ladder's XLA
+and mixed-precision rungs on the project's CPUs: docs/figures.md, "ladder"). So `auto` means "what is
 fastest here", decided from the detected devices (devices.py) and the built dataset (its size
 decides what to cache): precision, XLA, steps per execution, strategy, stall timeout here; the
 workload's own (images: what to cache, where to shuffle, where to augment; text: the bucket

@@ -21,14 +21,14 @@ is made whether or not its transform is listed, then masked: listing or dropping
 leaves the others' draws as they were. Given the same draws the numpy, per-example and batched
 forms produce the same pixels, and tests check that.
 
-Why these: on uint8 [B, H, W, C] batches they move whole rows or whole images, which is cheap.
-A per-example horizontal shift needs a gather per pixel and measured 4x as expensive, which on a
-2-core machine steals that time from the model. The batched path goes one step further. A
+Why these: on uint8 [B, H, W, C] batches they move whole rows or whole images, which is cheap;
+a per-example horizontal shift needs a gather per pixel, several times as expensive, and on a
+2-core machine that time is stolen from the model. The batched path goes one step further. A
 left-right flip of uint8 pixels (tf.reverse on the width axis) cost more than everything else
-together: 1.7 ms of CPU for the flipped half of a batch of 256 64x64 images. So where a flip is
-listed, each image's mirror is made once, before the cache, and kept under it (`add_mirror`:
-[2H, W, C], twice the cache memory); after batching, flip, up-down flip and shift are then one
-gather of whole rows (`tf_apply_mirrored`): 0.9 ms instead of 2.5 ms per batch.
+together. So where a flip is listed, each image's mirror is made once, before the cache, and kept
+under it (`add_mirror`: [2H, W, C], twice the cache memory); after batching, flip, up-down flip and
+shift are then one gather of whole rows (`tf_apply_mirrored`). The measured costs:
+docs/figures.md, "What augmentation costs per batch".
 """
 
 from __future__ import annotations
@@ -106,8 +106,7 @@ def tf_apply(images, flip_ud, dy, num_flip_lr):
 
 def flip_left_right(images):
     """Mirror a batch [B, H, W, C]. Reversed as [B*H, W, C], the 3-D case TensorFlow's reverse kernel
-    has a fast path for: 0.011 instead of 0.045 ms of CPU per 128x128 uint8 image (tf.reverse on the
-    4-D batch), measured on the project's 2-core CPU."""
+    has a fast path for (a quarter of the CPU time of tf.reverse on the 4-D batch: docs/figures.md)."""
     shape = tf.shape(images)
     rows = tf.reshape(images, tf.concat([[shape[0] * shape[1]], shape[2:]], axis=0))
     return tf.reshape(tf.reverse(rows, axis=[1]), shape)
