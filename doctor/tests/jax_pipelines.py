@@ -204,8 +204,27 @@ def jax_loop_device_resident():
     return cycle()
 
 
+def grain_normalize(row):
+    """A Grain map written in Python: per row, a few NumPy calls."""
+    row = row.copy()
+    for _ in range(40):
+        row = np.tanh(row) * 1.01
+    return row
+
+
+def jax_loop_grain():
+    """A Grain dataset whose Python map runs on the training thread (no worker processes, no read threads)."""
+    import grain
+
+    raw = np.random.default_rng(0).normal(size=(4096, 256)).astype(np.float32)
+    dataset = grain.MapDataset.source(raw).shuffle(seed=0).map(grain_normalize).batch(256).repeat()
+    batches = iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+    return ((x, (x[:, 0] > 0).astype(np.float32)) for x in batches)
+
+
 LOOPS = {
     "jax_loop_python_generator": jax_loop_python_generator,
+    "jax_loop_grain": jax_loop_grain,
     "jax_loop_shape_churn": jax_loop_shape_churn,
     "jax_loop_device_resident": jax_loop_device_resident,
 }

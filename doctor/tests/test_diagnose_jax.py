@@ -80,6 +80,14 @@ def test_a_plain_jax_loop_fed_by_a_python_generator_gets_its_python_input_named_
     assert run.profile.wait.function == "PjitFunction(sgd_step)"  # the step, not an op dispatched by the generator
 
 
+def test_a_grain_map_on_the_training_thread_is_named_at_the_users_map_function(corpus):
+    run = run_of(corpus, "jax_loop_grain")
+    assert run.verdict == "input-bound"
+    first = run.recommendations[0]
+    assert first.cause == "python-input" and first.stage == f"jax_pipelines.py:{line_of('grain_normalize')}"
+    assert "mp_prefetch" in first.fix and "worker_count" in first.fix
+
+
 def test_step_markers_in_a_jax_loop_give_its_steps(corpus):
     run = run_of(corpus, "jax_loop_python_generator_marked")
     assert run.profile.step_source == "step markers" and not run.steps_inferred

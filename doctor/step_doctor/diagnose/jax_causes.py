@@ -42,8 +42,9 @@ def python_input(wait: InputWait, causes: Causes) -> None:
         f"of it beside the model's work); {top.share:.0%} of that wait in `{top.function}` at {where}",
         "Build the batches off the training thread and ahead of the step: write the per-example work as a tf.data "
         "pipeline (`.map(fn, num_parallel_calls=tf.data.AUTOTUNE)`, `.batch()`, `.prefetch(tf.data.AUTOTUNE)`; "
-        "Keras on JAX and `tfds.as_numpy` both iterate it), or a Grain `DataLoader` with `worker_count` > 0, or "
-        "with Keras a `PyDataset(workers=4, use_multiprocessing=True)`; then " + PREFETCH_TO_DEVICE + ".",
+        "Keras on JAX and `tfds.as_numpy` both iterate it); with Grain, its map in worker processes (a dataset's "
+        "`.mp_prefetch(grain.MultiprocessingOptions(num_workers=4))`, a `DataLoader`'s `worker_count=4`); with Keras, "
+        "a `PyDataset(workers=4, use_multiprocessing=True)`; then " + PREFETCH_TO_DEVICE + ".",
         "Estimate: the wait removed, as where each batch is ready when the step asks for it; the work moves to other "
         "cores, which on a host without an accelerator are the cores the model runs on.",
         stage=where,

@@ -46,10 +46,16 @@ COMPILE_ONCE = "backend_compile_and_load"
 FRAME = re.compile(r"^\$(?:(?P<file>[^:]+):(?P<line>\d+) )?(?P<function>.*)$")
 # Frames that fetch a batch: Python's next() (a generator, an iterator), a data adapter's, a PyDataset's item
 FETCHES = re.compile(r"^\$(builtins next|.*\b(__next__|get_jax_iterator|__getitem__))$")
-# Files of the libraries between the training loop and the user's data code: never the line to name
-LIBRARY_FILES = re.compile(
-    r"^(builtins|<.*>|.*(_adapter|_adapter_utils|epoch_iterator|trainer|iterator_ops|dataset_ops|traceback_utils"
-    r"|dispatch|threading|queue|py_dataset_adapter|data_adapter_utils|context|ops|gen_\w+_ops)\.py)$"
+# Frames are named by their file's basename only, so the user's own frame is found by where the time goes: down the
+# heaviest path from the fetch, never into what does the work for it (Python's builtins, NumPy's and TensorFlow's
+# internals: LEAF_FILES), the last frame reached that is not a data adapter's (ADAPTER_FILES) is the one named.
+LEAF_FILES = re.compile(
+    r"^(builtins|<.*>|_methods|fromnumeric|numeric|function_base|shape_base|_ufunc_config|traceback_utils|dispatch"
+    r"|gen_\w+|\w+_ops(_impl)?|ops|context|execute|constant_op|tensor_conversion\w*|tensor|resource_variable_ops"
+    r"|variables|copyreg|abc|functools|typing)(\.py)?$"
+)
+ADAPTER_FILES = re.compile(
+    r"^(\w*_adapter(_utils)?|epoch_iterator|trainer|iterator_ops|dataset_ops|threading|queue|tempfile)\.py$"
 )
 
 
@@ -137,17 +143,28 @@ def _fetches(trace: HostTrace, python) -> tuple[list[Event], bool]:
     return _outermost(frames), False
 
 
-def _user_frame(fetch: Event, children: dict[int, list[Event]]) -> Event | None:
-    """The outermost frame of the user's own code under a fetch: the line to name."""
-    pending = list(children.get(id(fetch), ()))
-    while pending:
-        pending.sort(key=lambda e: -e.dur)
-        frame = pending.pop(0)
-        match = FRAME.match(frame.name)
-        if match and match.group("file") and not LIBRARY_FILES.match(match.group("file")):
-            return frame
-        pending.extend(children.get(id(frame), ()))
-    return None
+def _file(frame: Event) -> str:
+    match = FRAME.match(frame.name)
+    return (match.group("file") or match.group("function")) if match else frame.name
+
+
+def _user_frame(fetch: Event, children: dict[int, list[Event]]) -> str | None:
+    """The user's own frame under a fetch, the line to name: down the heaviest path (see LEAF_FILES), the calls of one
+    frame taken together (a batch calls its map once per element)."""
+    frames, found = [fetch], None
+    while True:
+        total = sum(f.dur for f in frames)
+        groups: dict[str, list[Event]] = defaultdict(list)
+        for frame in frames:
+            for child in children.get(id(frame), ()):
+                if not LEAF_FILES.match(_file(child)):
+                    groups[child.name].append(child)
+        name = max(groups, key=lambda n: sum(c.dur for c in groups[n]), default=None)
+        if name is None or sum(c.dur for c in groups[name]) < 0.3 * total:
+            return found
+        frames = groups[name]
+        if FRAME.match(name).group("file") and not ADAPTER_FILES.match(_file(frames[0])):
+            found = name
 
 
 def _python_input(trace: HostTrace, fetches: list[Event], waited: dict[int, float], n: int) -> tuple:
@@ -157,8 +174,7 @@ def _python_input(trace: HostTrace, fetches: list[Event], waited: dict[int, floa
             children[id(event.parent)].append(event)
     by_frame: dict[str, float] = defaultdict(float)
     for fetch in fetches:
-        frame = _user_frame(fetch, children)
-        by_frame[frame.name if frame is not None else fetch.name] += waited.get(id(fetch), 0.0)
+        by_frame[_user_frame(fetch, children) or fetch.name] += waited.get(id(fetch), 0.0)
     total = sum(by_frame.values()) or 1.0
     found = []
     for name, us in sorted(by_frame.items(), key=lambda item: -item[1]):
