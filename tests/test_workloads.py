@@ -89,12 +89,14 @@ def test_the_check_finds_the_branches_it_is_for(tmp_path):
     assert len(branches_on_a_workload(module)) == 5, branches_on_a_workload(module)
 
 
-def test_loading_any_preset_imports_no_tensorflow():
+def test_loading_any_preset_or_workload_imports_no_tensorflow():
     code = (
         "import sys\n"
-        "from train import config\n"
+        "from train import config, workloads\n"
         "for preset in ('configs/text/optimized.yaml', 'configs/text/naive.yaml', 'configs/optimized.yaml'):\n"
         "    config.load(preset)\n"
+        "for name in workloads.names():\n"
+        "    workloads.get(name)\n"
         "loaded = [name for name in ('tensorflow', 'keras') if name in sys.modules]\n"
         "assert not loaded, loaded\n"
     )

@@ -7,8 +7,8 @@ Subclass `Workload`, set the attributes, implement the four abstract methods (`p
 `locate`, `build_dataset`, `model_input`); every other method has a default that fits a workload
 whose pipeline knobs are a `train.input.knobs.ReadKnobs` at `pipeline_key`.
 
-A dataset spec is the workload's own (a frozen dataclass); the defaults read `name`, `root`,
-`num_train`, `num_val` and `num_classes` of it. A config's sections are attributes of the config
+A dataset spec is the workload's own (a frozen dataclass, e.g. shards/spec.py's DatasetSpec,
+text/spec.py's TextSpec); the defaults read what `Spec` names of it. A config's sections are attributes of the config
 (`cfg.pipeline`, `cfg.text`), typed by the workload's settings.py.
 """
 
@@ -16,9 +16,22 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Protocol
 
 from train.core.errors import UserError
 from train.core.tuning import Knob, train_knobs
+
+
+class Spec(Protocol):
+    """What every built dataset says of itself (the rest is the workload's own)."""
+
+    name: str
+    root: Path
+    num_train: int
+    num_val: int
+
+    @property
+    def num_classes(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ RESERVED = 2  # ids below this are not terms of the vocabulary file
 
 
 def vectorizer(vocabulary: list[str] | None = None, max_tokens: int | None = None, ragged: bool = True):
-    """The TextVectorization layer of the text task; `vocabulary` is a saved one (with or without the
+    """The TextVectorization layer of the text workload; `vocabulary` is a saved one (with or without the
     two reserved entries), else adapt() the layer on the training texts."""
     import keras
 
