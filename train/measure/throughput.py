@@ -22,8 +22,8 @@ class StepTimer(StepCallback):
     def __init__(self, global_batch: int, warmup_steps: int, logdir: Path | None = None, fixed_batch: bool = True):
         super().__init__()
         self.batch_size = global_batch
-        # Bucketed or packed text batches hold different numbers of examples: examples/s from the nominal
-        # batch would be wrong, so only the step time is written (the text figures count what was consumed).
+        # Where a workload's batches hold different numbers of examples (text: bucketed or packed rows), examples/s
+        # from the nominal batch would be wrong: only the step time is written (its meter counts what was consumed).
         self.fixed_batch = fixed_batch
         self.warmup_steps = warmup_steps
         self.logdir = logdir
