@@ -197,7 +197,7 @@ def test_dockerfile_installs_the_same_spec_as_make_setup_and_keeps_the_base_tens
     ], installs
     assert "freeze" in dockerfile and "tensorflow" in dockerfile.split("keep-base.txt")[0]
     assert "ARG CONSTRAINTS=constraints-container.txt" in dockerfile
-    assert 'pip install -c $(SETUP_CONSTRAINTS) -e "./doctor[bench,test]" -e ".[$(TF_EXTRA),dev]"' in makefile
+    assert 'pip install -c $(SETUP_CONSTRAINTS) -e "./doctor[bench,test,jax]" -e ".[$(TF_EXTRA),dev]"' in makefile
     assert "$(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)" in makefile
     assert re.search(r"^USER \d+", dockerfile, re.M), "the image runs as a non-root user"
     ignored = (ROOT / ".dockerignore").read_text().split()

@@ -188,7 +188,7 @@ class Process:
         self.speed, self.rates, self.log, self.holds = speed, rates, log, None
 
     def config_file(self, cfg, name):
-        return cfg
+        return cfg.name
 
     def call(self, command, **arguments):
         self.log.append((self, command, arguments.get("name")))
@@ -199,8 +199,11 @@ class Process:
 
 
 def variant_in(process, name):
+    import types
+
     variant = object.__new__(isolated.IsolatedVariant)
-    variant.name, variant.cfg, variant.samples, variant.how = name, name, [], {}
+    variant.name, variant.samples, variant.how = name, [], {}
+    variant.cfg = types.SimpleNamespace(name=name, train=types.SimpleNamespace(strategy="default", cpu_replicas=1))
     variant.worker, variant.facts = process, variant.prepare_in(process)
     return variant
 
@@ -220,6 +223,33 @@ def test_a_comparison_is_crossed_so_a_faster_process_favours_neither_config():
     prepares = [(process, name) for process, command, name in log[2:] if command == "prepare"]
     assert prepares == [(first, "candidate"), (second, "base")]  # the candidate first: the order flips too
     assert len(pair.samples["base"]) == len(pair.samples["candidate (again)"]) == 6
+
+
+def test_a_mirrored_candidate_is_crossed_through_new_processes(monkeypatch):
+    """A process fixes its logical CPUs when TensorFlow starts: a mirrored config cannot be made ready again in a
+    process that was not split for it, so the second half runs in two new processes, the candidate's made first."""
+    import types
+
+    log, made = [], []
+    rates = {"base": 1000.0, "candidate": 1200.0}
+
+    def new_worker(label):
+        made.append(Process(0.9 + 0.1 * len(made), rates, log))
+        return made[-1]
+
+    monkeypatch.setattr(isolated, "Worker", new_worker)
+    closed = []
+    first, second = Process(1.0, rates, log), Process(1.05, rates, log)
+    for process in (first, second):
+        process.close = lambda process=process: closed.append(process)
+    base, candidate = variant_in(first, "base"), variant_in(second, "candidate")
+    base.cfg = types.SimpleNamespace(name="base", train=types.SimpleNamespace(strategy="default", cpu_replicas=1))
+    candidate.cfg = types.SimpleNamespace(
+        name="candidate", train=types.SimpleNamespace(strategy="mirrored", cpu_replicas=2)
+    )
+    isolated.exchange(base, candidate, log=lambda line: None)
+    assert [p.holds for p in made] == ["candidate", "base"]  # the candidate's process made first
+    assert (candidate.worker, base.worker) == tuple(made) and closed == [first, second]
 
 
 def test_a_renewed_variant_runs_a_fresh_iterator_warmed_up_as_a_new_one(monkeypatch):

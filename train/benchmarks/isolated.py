@@ -320,10 +320,31 @@ def _half(base, candidate, rounds: int, seconds: float, log: Callable[[str], Non
     return [list(v.samples) for v in views]
 
 
+def _devices(cfg: Config) -> tuple:
+    """What a process fixes when TensorFlow starts: the logical CPUs a mirrored variant splits (trials.begin)."""
+    return (cfg.train.strategy, cfg.train.cpu_replicas if cfg.train.strategy == "mirrored" else 1)
+
+
 def exchange(base: IsolatedVariant, candidate: IsolatedVariant, log: Callable[[str], None] = print) -> None:
     """Each variant's config made ready in the other's process, the candidate's first, and the processes swapped
-    between the two variants: each config then runs where the other ran, prepared in the other order."""
+    between the two variants: each config then runs where the other ran, prepared in the other order. Where the two
+    need different devices (a mirrored variant over logical CPUs), two new processes instead, the candidate's made
+    first: the order of the processes flips all the same."""
     base_worker, candidate_worker = base.worker, candidate.worker
+    if _devices(base.cfg) != _devices(candidate.cfg):
+        fresh = [Worker(candidate.name), Worker(base.name)]
+        try:
+            candidate.facts = candidate.prepare_in(fresh[0])
+            base.facts = base.prepare_in(fresh[1])
+        except BaseException:
+            for worker in fresh:
+                worker.close()
+            raise
+        base.worker, candidate.worker = fresh[1], fresh[0]
+        base_worker.close()
+        candidate_worker.close()
+        log(f"  exchanged: {candidate.name} and {base.name} made again in new processes, {candidate.name}'s first")
+        return
     candidate.facts = candidate.prepare_in(base_worker)
     base.facts = base.prepare_in(candidate_worker)
     base.worker, candidate.worker = candidate_worker, base_worker

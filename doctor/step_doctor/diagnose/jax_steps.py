@@ -211,53 +211,15 @@ def analyze(trace: HostTrace, steps: Steps | None) -> Wait:
     python = _python(trace)
     fetches, tf_data = _fetches(trace, python)
     fetches = [e for e in fetches if windows[0][0] <= e.ts < windows[-1][1]]
-    fetched = _disjoint((e.ts, e.end) for e in fetches)
     host_runs = _disjoint((e.ts, e.end) for e in trace.jax_events if e.name == RUN)
     work = activity.measure(trace, windows, [])
-    device = activity.device_figures(work, n)
-    # on a device, its kernels are the model's work: the part of it during the fetches, from a second pass
-    outside = activity.measure(trace, windows, fetched)["compute_us"] if work["devices"] else None
     compile_us, compiles = _compiles(trace, python, windows)
-    dispatch = _disjoint((e.ts, e.end) for e in _outermost([e for e in trace.jax_events if DISPATCH.match(e.name)]))
-    puts = _disjoint((e.ts, e.end) for e in trace.jax_events if e.name == "DevicePut")
-    per_step, waited = [], {}
-    figures = defaultdict(list)
-    for index, (lo, hi) in enumerate(windows):
-        step = hi - lo
-        fetch = _inside(fetched, lo, hi)
-        if outside is not None:
-            model = float(work["compute_us"][index])
-            overlapped = max(model - float(outside[index]), 0.0)
-        else:
-            runs = _inside(host_runs, lo, hi)
-            model, overlapped = _length(runs), _overlap(fetch, runs)
-        wait = max(_length(fetch) - overlapped, 0.0)
-        compile_ = min(compile_us[index], step)
-        overhead = max(step - wait - model - compile_, 0.0)
-        for key, value in (
-            ("step", step),
-            ("input", wait),
-            ("model", model),
-            ("compile", compile_),
-            ("overhead", overhead),
-            ("fetch", _length(fetch)),
-            ("overlapped", overlapped),
-            ("dispatch", _length(_inside(dispatch, lo, hi))),
-            ("h2d", _length(_inside(puts, lo, hi))),
-        ):
-            figures[key].append(value)
-        per_step.append(
-            StepFigures(steps.names[index], round(step / 1e3, 3), round(wait / 1e3, 3), round(compile_ / 1e3, 3), 0.0)
-        )
-    for fetch in fetches:
-        lo_hi = [(fetch.ts, fetch.end)]
-        waited[id(fetch)] = max(fetch.dur - _overlap(lo_hi, host_runs), 0.0)
+    figures, per_step = _per_step(trace, steps, fetches, host_runs, work, compile_us)
+    waited = {id(f): max(f.dur - _overlap([(f.ts, f.end)], host_runs), 0.0) for f in fetches}
 
     def mean_ms(key: str) -> float:
         return round(statistics.fmean(figures[key]) / 1e3, 3)
 
-    step_ms, input_ms = mean_ms("step"), mean_ms("input")
-    stages = input_wait.analyze(trace, steps) if tf_data else None
     jax = JaxFigures(
         function=steps.function or _dispatched(trace, python),
         tf_data=tf_data,
@@ -267,7 +229,10 @@ def analyze(trace: HostTrace, steps: Steps | None) -> Wait:
         h2d_ms=mean_ms("h2d"),
         python_input=() if tf_data else _python_input(trace, fetches, waited, n),
     )
-    return InputWait(
+    device = activity.device_figures(work, n)
+    step_ms, input_ms = mean_ms("step"), mean_ms("input")
+    return _record(
+        input_wait.analyze(trace, steps) if tf_data else None,
         measured=True,
         reason=None,
         step_source=steps.source,
@@ -279,16 +244,9 @@ def analyze(trace: HostTrace, steps: Steps | None) -> Wait:
         input_ms=input_ms,
         input_percent=round(100 * input_ms / step_ms, 1) if step_ms else 0.0,
         getnext_per_step=round(len(fetches) / n, 2),
-        getnext_floor_ms=stages.getnext_floor_ms if isinstance(stages, InputWait) else None,
         compute_ms=mean_ms("model"),
         overhead_ms=mean_ms("overhead"),
         per_step=tuple(per_step),
-        cpu_budget=stages.cpu_budget if isinstance(stages, InputWait) else None,
-        autotune=stages.autotune if isinstance(stages, InputWait) else None,
-        batch_size=stages.batch_size if isinstance(stages, InputWait) else None,
-        prefetch=stages.prefetch if isinstance(stages, InputWait) else (),
-        unattributed_ms=stages.unattributed_ms if isinstance(stages, InputWait) else 0.0,
-        stages=stages.stages if isinstance(stages, InputWait) else (),
         xla=_xla(compile_us, compiles, n),
         compile_ms=mean_ms("compile"),
         stall_ms=0.0,
@@ -299,6 +257,57 @@ def analyze(trace: HostTrace, steps: Steps | None) -> Wait:
         device=device,
         jax=jax,
     )
+
+
+def _record(tf_data: Wait | None, **figures) -> InputWait:
+    """The record, with tf.data's stages and what it knows of the pipeline where tf.data fed the steps."""
+    stages = tf_data if isinstance(tf_data, InputWait) else None
+    return InputWait(
+        getnext_floor_ms=stages.getnext_floor_ms if stages else None,
+        cpu_budget=stages.cpu_budget if stages else None,
+        autotune=stages.autotune if stages else None,
+        batch_size=stages.batch_size if stages else None,
+        prefetch=stages.prefetch if stages else (),
+        unattributed_ms=stages.unattributed_ms if stages else 0.0,
+        stages=stages.stages if stages else (),
+        **figures,
+    )
+
+
+def _per_step(trace, steps: Steps, fetches, host_runs, work, compile_us) -> tuple[dict, list[StepFigures]]:
+    """Per step (µs): the fetches, the model's work and their overlap, the wait, compiling, dispatch, copies."""
+    fetched = _disjoint((e.ts, e.end) for e in fetches)
+    # on a device, its kernels are the model's work: the part of it during the fetches, from a second pass
+    outside = activity.measure(trace, steps.windows, fetched)["compute_us"] if work["devices"] else None
+    dispatch = _disjoint((e.ts, e.end) for e in _outermost([e for e in trace.jax_events if DISPATCH.match(e.name)]))
+    puts = _disjoint((e.ts, e.end) for e in trace.jax_events if e.name == "DevicePut")
+    figures, per_step = defaultdict(list), []
+    for index, (lo, hi) in enumerate(steps.windows):
+        step, fetch = hi - lo, _inside(fetched, lo, hi)
+        if outside is not None:
+            model = float(work["compute_us"][index])
+            overlapped = max(model - float(outside[index]), 0.0)
+        else:
+            runs = _inside(host_runs, lo, hi)
+            model, overlapped = _length(runs), _overlap(fetch, runs)
+        wait = max(_length(fetch) - overlapped, 0.0)
+        compile_ = min(compile_us[index], step)
+        for key, value in (
+            ("step", step),
+            ("input", wait),
+            ("model", model),
+            ("compile", compile_),
+            ("overhead", max(step - wait - model - compile_, 0.0)),
+            ("fetch", _length(fetch)),
+            ("overlapped", overlapped),
+            ("dispatch", _length(_inside(dispatch, lo, hi))),
+            ("h2d", _length(_inside(puts, lo, hi))),
+        ):
+            figures[key].append(value)
+        per_step.append(
+            StepFigures(steps.names[index], round(step / 1e3, 3), round(wait / 1e3, 3), round(compile_ / 1e3, 3), 0.0)
+        )
+    return figures, per_step
 
 
 def _dispatched(trace: HostTrace, python) -> str | None:
