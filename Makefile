@@ -99,7 +99,7 @@ diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (L
 	$(PY) -m step_doctor diagnose $(or $(LOGDIR),runs/compare) $(ARGS)
 
 bench-diagnose: setup ## Wall time and peak RSS of diagnose against profile size, 1 MB to 1 GB -> runs/bench-diagnose/bench.{json,png}
-	$(PY) -m step_doctor bench-diagnose $(ARGS)
+	PYTHONPATH=doctor $(PY) -m step_doctor_dev.bench_diagnose $(ARGS)
 
 tensorboard: setup ## Serve runs/ with the Diagnose and Profile tabs on http://127.0.0.1:6006 (LOGDIR=, PORT=)
 	$(PY) -m train tensorboard --logdir $(or $(LOGDIR),runs) --port $(PORT) $(ARGS)
@@ -202,7 +202,7 @@ gpu-check: setup ## The doctor on Keras-on-JAX, starved and fed: this machine's 
 	$(PY) doctor/tools/gpu_check.py --out runs/gpu-check $(ARGS)
 
 bench-profile: setup ## What profile costs a run outside its capture window: a corpus script with and without it
-	$(PY) -m step_doctor bench-profile $(ARGS)
+	PYTHONPATH=doctor $(PY) -m step_doctor_dev.bench_profile $(ARGS)
 
 docker-profile: ## Profile SCRIPT in Docker with GPU traces (root + CAP_SYS_ADMIN; files handed back to you)
 	$(NEED_DOCKER)

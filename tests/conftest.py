@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from step_doctor import testing
+from step_doctor_dev import fake_nvml as testing
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

@@ -1,11 +1,11 @@
 """What the compare report says about utilization: NVML and GPM figures beside each other, n/a with the reason
-where they were not sampled, never zero (a fake NVML, step_doctor/testing.py, stands in where no GPU exists)."""
+where they were not sampled, never zero (a fake NVML, step_doctor_dev/fake_nvml.py, stands in where no GPU exists)."""
 
 import json
 
 import pytest
 
-from step_doctor.testing import fake_nvml
+from step_doctor_dev.fake_nvml import fake_nvml
 from train.benchmarks import report
 from train.measure import monitor
 

@@ -2,8 +2,9 @@
 
 diagnose        verdict and ranked fixes for any TensorBoard log folder with a profile (no TensorFlow needed)
 profile         run your own training script with the capture injected, unchanged, then diagnose it
-bench-profile   what profile costs a run outside its capture window
-bench-diagnose  what diagnose costs against the size of the profile, up to 1 GB
+
+What they cost (bench-diagnose, bench-profile) is measured by developer tools in a checkout, not in the wheel:
+doctor/step_doctor_dev/ (make bench-diagnose, make bench-profile).
 """
 
 from __future__ import annotations
@@ -34,22 +35,6 @@ def cmd_profile(args) -> int:
     from step_doctor.profile import command
 
     return command.main(args)
-
-
-def cmd_bench_profile(args) -> int:
-    if args.multi_worker is not None:
-        from step_doctor.profile import survival
-
-        return survival.main(args)
-    from step_doctor.profile import bench
-
-    return bench.main(args)
-
-
-def cmd_bench_diagnose(args) -> int:
-    from step_doctor.scale import bench_diagnose
-
-    return bench_diagnose.main(args)
 
 
 def _add_diagnose_command(commands) -> None:
@@ -103,57 +88,6 @@ def _profile_parsers(commands) -> None:
     profile.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND")
     profile.set_defaults(func=cmd_profile)
 
-    bench = commands.add_parser(
-        "bench-profile", help="what profile costs: a corpus script with and without it, interleaved trials"
-    )
-    bench.add_argument("--trials", type=int, default=7, help="pairs of trials, with and without (default: %(default)s)")
-    bench.add_argument("--case", default="tiny_batch", help="the corpus case (default: %(default)s)")
-    bench.add_argument("--steps", type=int, default=3000, help="training steps per trial (default: %(default)s)")
-    bench.add_argument("--out", default="runs/bench-profile", help="output folder (default: %(default)s)")
-    bench.add_argument(
-        "--multi-worker",
-        type=int,
-        metavar="N",
-        help="instead: run the two-worker corpus script N times under profile and N times alone, and count the "
-        "runs in which a worker died",
-    )
-    bench.set_defaults(func=cmd_bench_profile)
-
-
-def _add_bench_diagnose_command(commands) -> None:
-    bench_diagnose = commands.add_parser(
-        "bench-diagnose", help="wall time and peak memory of diagnose against profile size (captures up to 1 GB)"
-    )
-    bench_diagnose.add_argument("--out", default="runs/bench-diagnose", help="output folder (default: %(default)s)")
-    bench_diagnose.add_argument(
-        "--sizes",
-        type=float,
-        nargs="*",
-        default=[1, 10, 100, 1000],
-        metavar="MB",
-        help="sizes of the GPU-shaped profiles (default: %(default)s)",
-    )
-    bench_diagnose.add_argument(
-        "--captures",
-        type=int,
-        nargs="*",
-        default=[12, 120, 600],
-        metavar="STEPS",
-        help="real captures measured too, in steps (default: %(default)s)",
-    )
-    bench_diagnose.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
-    bench_diagnose.add_argument(
-        "--max-mb", type=float, default=float("inf"), help="leave out profiles larger than this (default: none)"
-    )
-    bench_diagnose.add_argument(
-        "--code", help="measure the diagnose of this checkout instead (e.g. a worktree of main at an older commit)"
-    )
-    bench_diagnose.add_argument("--name", help="file name of the results (default: bench, or bench-<code folder>)")
-    bench_diagnose.add_argument(
-        "--timeout", type=float, default=900.0, help="seconds one diagnose may take (default: %(default)s)"
-    )
-    bench_diagnose.set_defaults(func=cmd_bench_diagnose)
-
 
 def build_parser() -> argparse.ArgumentParser:
     prog = "step-doctor" if os.path.basename(sys.argv[0]) == "step-doctor" else "python -m step_doctor"
@@ -164,7 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_diagnose_command(commands)
     _profile_parsers(commands)
-    _add_bench_diagnose_command(commands)
     return parser
 
 

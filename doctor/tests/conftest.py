@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from step_doctor import testing
+from step_doctor_dev import fake_nvml as testing
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

@@ -83,6 +83,10 @@ def test_the_doctor_alone_beside_tensorflow_profiles_and_diagnoses_a_keras_scrip
     for archive, names in ((wheel, zipfile.ZipFile(wheel).namelist()), (sdist, tarfile.open(sdist).getnames())):
         shipped = {Path(name).name for name in names if "/profile/site/" in name}
         assert {"traceme_consume_fix.cc", "traceme_consume_fix.map", "tf_binary.py"} <= shipped, (archive, shipped)
+    # the wheel holds what a user runs: no developer tool (step_doctor_dev/, the fake NVML, the cost benches)
+    in_wheel = zipfile.ZipFile(wheel).namelist()
+    developer = [n for n in in_wheel if n.startswith("step_doctor_dev") or "/scale/" in n]
+    assert not developer and not {"testing.py", "bench.py", "survival.py"} & {Path(n).name for n in in_wheel}
     _run(
         [python, "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "tensorflow-cpu", "pillow", wheel],
         tmp_path,

@@ -4,7 +4,7 @@ The reader (step_doctor/diagnose/hosttrace.py, activity.py) replaced xprof's tra
 profiles captured four ways (step markers, the stock Keras callback, a bare capture,
 steps_per_execution 4) it must yield the events xprof's `trace_viewer` conversion shows, with
 the same names, times, arguments and nesting, and the same per-step compute. GPU-shaped
-profiles (step_doctor/scale/diagnose_scale.py) check the device figures against a direct count,
+profiles (step_doctor_dev/diagnose_scale.py) check the device figures against a direct count,
 a damaged large file, and (slow) a profile of hundreds of MB read in bounded memory.
 """
 
@@ -37,7 +37,7 @@ from step_doctor.diagnose import (
 )
 from step_doctor.diagnose import report as diagnose
 from step_doctor.diagnose.diagnosis import Diagnosis, Run
-from step_doctor.scale import bench_diagnose, diagnose_scale, xspace_writer
+from step_doctor_dev import bench_diagnose, diagnose_scale, xspace_writer
 from tests.conftest import run_cli
 
 VERDICTS = {"input-bound", "device-bound", "host-bound", "not-input-bound", "unknown"}

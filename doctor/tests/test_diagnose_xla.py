@@ -2,7 +2,7 @@
 
 A small classifier compiled with `jit_compile=True` is profiled while its batches change length
 every step (each compiles the step again) or cycle through two lengths compiled before the
-capture. The GPU-shaped profile is the changing one with a GPU added (step_doctor/scale/
+capture. The GPU-shaped profile is the changing one with a GPU added (step_doctor_dev/
 diagnose_scale.py): kernels named after XLA fusions, put inside the executable's runs, and the
 host's XLA events named as XLA names them on a GPU ("<module>:XLA GPU module",
 GpuCompiler::OptimizeHloModule, from XLA's sources; no GPU profile of this stack was available).
@@ -22,7 +22,7 @@ from step_doctor.callbacks import StepTraceProfiler
 from step_doctor.diagnose import hlo, hosttrace, rendering, step_windows, tf_names, xla, xspace
 from step_doctor.diagnose import report as diagnose
 from step_doctor.diagnose.diagnosis import Diagnosis, RunDiagnosis
-from step_doctor.scale import diagnose_scale
+from step_doctor_dev import diagnose_scale
 
 SESSION = "2026_01_01_00_00_00"
 # A GPU's names for the CPU capture's XLA events (XLA's sources: gpu_executable.cc, gpu_compiler.cc): one

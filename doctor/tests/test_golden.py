@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from step_doctor.diagnose import analysis, diagnose, render
-from step_doctor.scale import diagnose_scale
 from step_doctor.tensorboard import text_summary
+from step_doctor_dev import diagnose_scale
 from tests import tab_logs
 
 GOLDEN = Path(__file__).parent / "data" / "golden"

@@ -1,5 +1,5 @@
 """The utilization sampler: its real NVML path is the default; a fake NVML stands in only where no GPU exists
-(step_doctor/testing.py, which follows nvidia-ml-py's API)."""
+(step_doctor_dev/fake_nvml.py, which follows nvidia-ml-py's API)."""
 
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from step_doctor.sampler import GPM_KEYS, Sampler, SampleWriter
-from step_doctor.testing import GPM_VALUES, fake_nvml
+from step_doctor_dev.fake_nvml import GPM_VALUES, fake_nvml
 from tests.conftest import DOCTOR
 
 

@@ -1,4 +1,4 @@
-"""`step-doctor bench-profile --multi-worker N`: does `profile` ever kill a multi-worker run?
+"""`python -m step_doctor_dev.bench_profile --multi-worker N`: does `profile` ever kill a multi-worker run?
 
 The diagnose corpus's two-worker script (tests/user_pipelines.py multi_worker_generator: two local
 MultiWorkerMirroredStrategy workers started by the script, a custom loop) runs N times under
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from step_doctor import files
 from step_doctor.errors import UserError
-from step_doctor.profile.bench import SCRIPT
+from step_doctor_dev.bench_profile import SCRIPT
 
 CASE = "multi_worker_generator"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from step_doctor.diagnose import hosttrace, input_wait, step_windows, xspace
-from step_doctor.scale import xspace_writer
+from step_doctor_dev import xspace_writer
 
 BATCH = 32  # with the model below: about 34 KB of profile per step, as the capture in issue 24
 IMAGE = 256

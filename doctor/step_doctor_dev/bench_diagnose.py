@@ -13,6 +13,7 @@ linear growth would follow) and a table on stdout.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import statistics
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from step_doctor import files, machine
 from step_doctor.errors import Stopped, UserError
-from step_doctor.scale import diagnose_scale
+from step_doctor_dev import diagnose_scale
 
 SESSION = "2026_01_01_00_00_00"  # one fixed session folder per generated profile
 # The child records its own peak: wait4's ru_maxrss would include the memory of this process (it counts
@@ -251,3 +252,46 @@ def _run(args, out: Path, code: Path | None) -> dict:
         "load": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
         "profiles": profiles,
     }
+
+
+def parser() -> argparse.ArgumentParser:
+    bench_diagnose = argparse.ArgumentParser(
+        prog="python -m step_doctor_dev.bench_diagnose",
+        description="Wall time and peak memory of `step-doctor diagnose` against profile size (captures up to 1 GB).",
+    )
+    bench_diagnose.add_argument("--out", default="runs/bench-diagnose", help="output folder (default: %(default)s)")
+    bench_diagnose.add_argument(
+        "--sizes",
+        type=float,
+        nargs="*",
+        default=[1, 10, 100, 1000],
+        metavar="MB",
+        help="sizes of the GPU-shaped profiles (default: %(default)s)",
+    )
+    bench_diagnose.add_argument(
+        "--captures",
+        type=int,
+        nargs="*",
+        default=[12, 120, 600],
+        metavar="STEPS",
+        help="real captures measured too, in steps (default: %(default)s)",
+    )
+    bench_diagnose.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    bench_diagnose.add_argument(
+        "--max-mb", type=float, default=float("inf"), help="leave out profiles larger than this (default: none)"
+    )
+    bench_diagnose.add_argument(
+        "--code", help="measure the diagnose of this checkout instead (e.g. a worktree of main at an older commit)"
+    )
+    bench_diagnose.add_argument("--name", help="file name of the results (default: bench, or bench-<code folder>)")
+    bench_diagnose.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds one diagnose may take (default: %(default)s)"
+    )
+    bench_diagnose.set_defaults(func=main)
+    return bench_diagnose
+
+
+if __name__ == "__main__":
+    from step_doctor.cli import run
+
+    sys.exit(run(parser().parse_args()))

@@ -1,4 +1,4 @@
-"""`step-doctor bench-profile`: what `profile` costs a run outside its capture window.
+"""`python -m step_doctor_dev.bench_profile`: what `profile` costs a run outside its capture window.
 
 One script of the diagnose corpus (tests/user_pipelines.py, plain tf.data + Keras) trains a fixed
 number of steps, alone and under `step-doctor profile`, in interleaved trials (the order
@@ -16,6 +16,7 @@ here while the median step moved by a few percent).
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -153,3 +154,37 @@ def main(args) -> int:
     files.write_json(out / "bench-profile.json", result)
     print(f"wrote {out / 'bench-profile.json'}")
     return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    bench = argparse.ArgumentParser(
+        prog="python -m step_doctor_dev.bench_profile",
+        description="What `step-doctor profile` costs: a corpus script with and without it, interleaved trials.",
+    )
+    bench.add_argument("--trials", type=int, default=7, help="pairs of trials, with and without (default: %(default)s)")
+    bench.add_argument("--case", default="tiny_batch", help="the corpus case (default: %(default)s)")
+    bench.add_argument("--steps", type=int, default=3000, help="training steps per trial (default: %(default)s)")
+    bench.add_argument("--out", default="runs/bench-profile", help="output folder (default: %(default)s)")
+    bench.add_argument(
+        "--multi-worker",
+        type=int,
+        metavar="N",
+        help="instead: run the two-worker corpus script N times under profile and N times alone, and count the "
+        "runs in which a worker died",
+    )
+    bench.set_defaults(func=_main)
+    return bench
+
+
+def _main(args) -> int:
+    if args.multi_worker is not None:
+        from step_doctor_dev import survival
+
+        return survival.main(args)
+    return main(args)
+
+
+if __name__ == "__main__":
+    from step_doctor.cli import run
+
+    sys.exit(run(parser().parse_args()))
