@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from step_doctor import compare_rows
 from train import workloads
 from train.benchmarks import charts, stats
 from train.core import files
@@ -85,28 +86,7 @@ def build(runs: dict[str, dict], scenario: str | None, baseline: str = "naive", 
     }
 
 
-def _fmt(value, digits: int = 1, suffix: str = "") -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}{suffix}"
-    return f"{value}{suffix}"
-
-
-ROWS = (  # (label, key in the run's row, decimals, unit), shared by the table and report.md
-    ("examples/s", "examples_per_sec", 0, ""),
-    ("step time (ms)", "step_time_ms", 1, ""),
-    ("waiting for input (profiler)", "input_bound_percent", 1, " %"),
-    ("device busy (profiler)", "device_busy_percent", 1, " %"),
-    ("GPU utilization (NVML)", "gpu_utilization_percent", 1, " %"),
-    ("SM activity (NVML GPM)", "sm_activity_percent", 1, " %"),
-    ("SM occupancy (NVML GPM)", "sm_occupancy_percent", 1, " %"),
-    ("tensor-core activity (NVML GPM)", "tensor_activity_percent", 1, " %"),
-    ("CPU utilization (psutil)", "cpu_utilization_percent", 1, " %"),
-    ("validation accuracy", "val_accuracy", 3, ""),
-    ("batch size", "batch_size", 0, ""),
-    ("precision", "precision", 0, ""),
-)
+ROWS = compare_rows.ROWS  # (label, key in the run's row, decimals, unit): the Diagnose tab shows the same
 
 
 def rows_of(report: dict) -> tuple:
@@ -124,7 +104,7 @@ def table(report: dict) -> str:
     width = max(len(label) for label, *_ in rows) + 2
     lines = ["".ljust(width) + "".join(name.rjust(16) for name in names)]
     for label, key, digits, suffix in rows:
-        cells = [_fmt(report["runs"][n].get(key), digits, suffix).rjust(16) for n in names]
+        cells = [compare_rows.cell(report["runs"][n].get(key), digits, suffix).rjust(16) for n in names]
         lines.append(label.ljust(width) + "".join(cells))
     if report["speedup"]:
         lines.append(f"speedup ({names[-1]} / {names[0]} {_speedup_unit(report)}): {report['speedup']:.2f}x")
@@ -160,7 +140,7 @@ def markdown(report: dict) -> str:
     ]
     for label, key, digits, suffix in rows_of(report)[:-1] + (
         ("precision / XLA / steps per execution", None, 0, ""),
-        ("slowest tf.data stage", "slow_stage", 0, ""),
+        compare_rows.SLOWEST_STAGE,
     ):
         if key is None:
             cells = [
@@ -168,7 +148,7 @@ def markdown(report: dict) -> str:
                 for r in (report["runs"][n] for n in names)
             ]
         else:
-            cells = [_fmt(report["runs"][n].get(key), digits, suffix) for n in names]
+            cells = [compare_rows.cell(report["runs"][n].get(key), digits, suffix) for n in names]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     if report["speedup"]:
         out += ["", f"**Speedup: {report['speedup']:.2f}x** {_speedup_unit(report)} ({names[-1]} / {names[0]})."]

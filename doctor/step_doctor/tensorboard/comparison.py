@@ -10,36 +10,14 @@ from __future__ import annotations
 
 import json
 
+from step_doctor import compare_rows
 from step_doctor.tensorboard.discovery import CompareFolder, Listing
 
-ROWS = (  # (label, key in the report's row, decimals, unit): the figures compare's own table shows
-    ("examples/s", "examples_per_sec", 0, ""),
-    ("step time", "step_time_ms", 1, " ms"),
-    ("waiting for input (profiler)", "input_bound_percent", 1, " %"),
-    ("device busy (profiler)", "device_busy_percent", 1, " %"),
-    ("GPU utilization (NVML)", "gpu_utilization_percent", 1, " %"),
-    ("SM activity (NVML GPM)", "sm_activity_percent", 1, " %"),
-    ("SM occupancy (NVML GPM)", "sm_occupancy_percent", 1, " %"),
-    ("tensor-core activity (NVML GPM)", "tensor_activity_percent", 1, " %"),
-    ("CPU utilization", "cpu_utilization_percent", 1, " %"),
-    ("validation accuracy", "val_accuracy", 3, ""),
-    ("batch size", "batch_size", 0, ""),
-    ("precision", "precision", 0, ""),
-    ("slowest tf.data stage", "slow_stage", 0, ""),
-    ("pipeline", "pipeline", 0, ""),
-)
+ROWS = (*compare_rows.ROWS, compare_rows.SLOWEST_STAGE, compare_rows.PIPELINE)  # as compare's table, and more
 
 
 class ReportError(ValueError):
     pass
-
-
-def _cell(value, digits: int, unit: str) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    return f"{value:,.{digits}f}{unit}"
 
 
 def read(folder: CompareFolder, listing: Listing) -> dict:
@@ -54,7 +32,8 @@ def read(folder: CompareFolder, listing: Listing) -> dict:
     names = list(runs)
     prefix = "" if folder.name == "." else f"{folder.name}/"
     rows = [
-        [label] + [_cell((runs[n] or {}).get(key), digits, unit) for n in names] for label, key, digits, unit in ROWS
+        [label] + [compare_rows.cell((runs[n] or {}).get(key), digits, unit) for n in names]
+        for label, key, digits, unit in ROWS
     ]
     notes = sorted({runs[n].get("gpu_unavailable_reason") for n in names if isinstance(runs[n], dict)} - {None, ""})
     return {
