@@ -17,7 +17,7 @@ from step_doctor import diagnose
 from step_doctor.callbacks import StepTraceProfiler
 from step_doctor.diagnose import command, input_causes, report, stages, structural, verdict
 from step_doctor.diagnose.device import DeviceView
-from step_doctor.diagnose.recommend import recommendations
+from step_doctor.diagnose.ranked_causes import recommendations
 from step_doctor.diagnose.recommendation import Causes
 from step_doctor.diagnose.wait_record import InputWait, Unmeasured
 from step_doctor.errors import UserError

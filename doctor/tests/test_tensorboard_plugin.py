@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from step_doctor.tensorboard import analyses, discovery, mirror, plugin
+from step_doctor.tensorboard import analyses, discovery, plugin, scratch_diagnosis
 from tests import tab_logs
 from tests.tab_logs import ROUTE, app, diagnosed, get_json
 
@@ -62,7 +62,7 @@ def test_a_run_is_diagnosed_in_the_background_once_per_profile(logs):
 
     def counted(run, root):
         calls.append(run.name)
-        return mirror.analyse(run, root)
+        return scratch_diagnosis.analyse(run, root)
 
     tab, client = app(logs)
     tab._analyses._analyse = counted

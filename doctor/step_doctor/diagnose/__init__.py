@@ -4,7 +4,7 @@ xprof conversion (analysis.py) -> host trace (hosttrace.py) -> steps, marked or 
 (step_windows.py) -> input wait down the tf.data iterator tree (input_wait.py, a typed record:
 wait_record.py), step time with no recorded work kept apart (stalls.py) -> the profile's record
 (profile_record.py) -> causes in the input pipeline (input_causes.py, over blame.py and stages.py)
-and in the step (step_causes.py), typed and ranked (recommendation.py, recommend.py) -> verdict
+and in the step (step_causes.py), typed and ranked (recommendation.py, ranked_causes.py) -> verdict
 (verdict.py) -> the diagnosis (report.py, typed: diagnosis.py), its text (rendering.py) and the
 command with its exit status (command.py). Results are frozen dataclasses throughout; each has a
 `to_json()` that writes its part of the `diagnose --json` document, called only at the edges.

@@ -10,7 +10,7 @@ where this template wrote one, only for the precision it trained in.
   inferred figures are labelled so, with how to add markers.
 - The verdict: diagnose/verdict.py. Recommendations name the causes the profile shows
   (diagnose/input_causes.py, diagnose/step_causes.py), each with this profile's
-  figures, the step time its fix removes and the estimated gain (diagnose/recommend.py).
+  figures, the step time its fix removes and the estimated gain (diagnose/ranked_causes.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from step_doctor.diagnose import analysis, xla
 from step_doctor.diagnose.device import DeviceView, run_record, view
 from step_doctor.diagnose.diagnosis import Diagnosis, Run, RunDiagnosis, UnreadableRun
 from step_doctor.diagnose.profile_record import Profile
-from step_doctor.diagnose.recommend import latent, recommendations
+from step_doctor.diagnose.ranked_causes import latent, recommendations
 from step_doctor.diagnose.structural import padding_share
 from step_doctor.diagnose.verdict import verdict
 from step_doctor.diagnose.wait_record import InputWait

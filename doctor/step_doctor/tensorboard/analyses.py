@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from step_doctor.errors import UserError
-from step_doctor.tensorboard import mirror
+from step_doctor.tensorboard import scratch_diagnosis
 from step_doctor.tensorboard.discovery import Run
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class Entry:
     queued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     finished_at: float | None = None
-    found: dict | None = None  # mirror.analyse's answer
+    found: dict | None = None  # scratch_diagnosis.analyse's answer
     error: str | None = None
 
     def public(self) -> dict:
@@ -54,7 +54,7 @@ class Entry:
 
 
 class Analyses:
-    def __init__(self, root: Path, analyse: Callable[[Run, Path], dict] = mirror.analyse, keep: int = KEEP):
+    def __init__(self, root: Path, analyse: Callable[[Run, Path], dict] = scratch_diagnosis.analyse, keep: int = KEEP):
         self._root = root
         self._analyse = analyse
         self._keep = keep
