@@ -247,3 +247,32 @@ def test_compare_keeps_a_failed_runs_exit_3_instead_of_calling_it_a_config_error
     )
     assert result.returncode == 3, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Training configs/naive.yaml failed (exit 3)" in result.stderr
+
+
+def test_every_benchmark_writes_its_report_through_one_writer_shape(tmp_path):
+    from train.benchmarks import bench_report, ladder_report, report, report_writer, sweep
+    from train.benchmarks.tune import report as tune_report
+
+    writers = {m.WRITER.name: m.WRITER for m in (report, bench_report, ladder_report, sweep, tune_report)}
+    assert set(writers) == {"report", "bench", "ladder", "sweep", "tune"}
+    assert all(isinstance(w, report_writer.ReportWriter) and callable(w.table) for w in writers.values())
+
+    def chart(result, path):
+        path.write_bytes(b"png")
+
+    writer = report_writer.ReportWriter("demo", table=str, markdown=lambda r: f"# {r['x']}\n", chart=chart)
+    written = writer.write(tmp_path, {"x": 1})
+    assert [p.name for p in written] == ["demo.json", "demo.md", "demo.png"]
+    assert (
+        json.loads((tmp_path / "demo.json").read_text()) == {"x": 1} and (tmp_path / "demo.md").read_text() == "# 1\n"
+    )
+    table = sweep.table(
+        {
+            "unit": "examples/s",
+            "points": [
+                {"batch_size": 32, "examples_per_sec": {"median": 1234.5}, "status": "ok"},
+                {"batch_size": 64, "status": "oom"},
+            ],
+        }
+    )
+    assert "1,234" in table and "oom" in table

@@ -23,7 +23,6 @@ from train import scenario as scenario_lib
 from train import workloads
 from train.benchmarks import bench_report, isolated, stats, trials
 from train.benchmarks.options import BenchOptions
-from train.core import files
 from train.training import plan as plan_lib
 
 
@@ -130,8 +129,7 @@ def main(opts: BenchOptions) -> int:
     }
     if "without_snapshot" in by_name:
         result["snapshot"]["gain"] = stats.gain(local.samples, by_name["without_snapshot"].samples).as_dict()
-    files.write_json(out / "bench.json", result)
-    files.write_text(out / "bench.md", bench_report.markdown(result))
+    bench_report.WRITER.write(out, result)
     bench_report.write_tensorboard(out, [*variants, again], f"bench/{workload.unit.tag}")
     print()
     print(bench_report.table(result))

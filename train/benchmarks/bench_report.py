@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from train import workloads
+from train.benchmarks.report_writer import ReportWriter
 from train.core import files
 
 
@@ -104,3 +105,6 @@ def _alone(result: dict) -> str:
     return (
         "the decode floor and each pipeline's cost were" if result.get("decode_floor") else "each pipeline's cost was"
     )
+
+
+WRITER = ReportWriter("bench", table=table, markdown=markdown)

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from train.benchmarks import charts
+from train.benchmarks.report_writer import ReportWriter
 from train.core import files
 
 
 def write(out: Path, result: dict) -> None:
-    files.write_json(out / "ladder.json", result)
-    files.write_text(out / "ladder.md", markdown(result))
-    chart(result, out / "ladder.png")
+    WRITER.write(out, result)
     write_hparams(out, result)
 
 
@@ -159,3 +158,6 @@ def write_hparams(out: Path, result: dict) -> None:
             if row["input_bound_percent"] is not None:
                 tf.summary.scalar("ladder/input_bound_percent", row["input_bound_percent"], step=row["rung"])
         writer.close()
+
+
+WRITER = ReportWriter("ladder", table=markdown_table, markdown=markdown, chart=chart)

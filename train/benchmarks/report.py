@@ -13,7 +13,7 @@ from pathlib import Path
 from step_doctor import compare_rows
 from train import workloads
 from train.benchmarks import charts, stats
-from train.core import files
+from train.benchmarks.report_writer import ReportWriter
 
 FIELDS = (
     "examples_per_sec",
@@ -239,7 +239,8 @@ def chart(report: dict, path: Path) -> None:
     charts.save(fig, path)
 
 
+WRITER = ReportWriter("report", table=table, markdown=markdown, chart=chart)
+
+
 def write(out_dir: Path, report: dict) -> None:
-    files.write_json(out_dir / "report.json", report)
-    files.write_text(out_dir / "report.md", markdown(report))
-    chart(report, out_dir / "report.png")
+    WRITER.write(out_dir, report)

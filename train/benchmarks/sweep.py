@@ -20,6 +20,7 @@ from train import scenario as scenario_lib
 from train import workloads
 from train.benchmarks import charts, trials
 from train.benchmarks.options import SweepOptions
+from train.benchmarks.report_writer import ReportWriter
 from train.core import files
 from train.core.outputs import SWEEP_RESULT
 from train.measure.monitor import Sampler
@@ -124,12 +125,20 @@ def main(opts: SweepOptions) -> int:
         "stopped_because": stop_reason,
         "fastest_batch": best and best["batch_size"],
     }
-    files.write_json(out / SWEEP_RESULT, result)
-    chart(result, out / "sweep.png")
+    WRITER.write(out, result)
     write_tensorboard(out, ok)
     print(f"\nLargest batch that fit: {largest} ({stop_reason}); fastest: {result['fastest_batch']}.")
     print(f"Written: {out}/sweep.json, {out}/sweep.png (TensorBoard: run sweep-batch/tb)")
     return 0
+
+
+def table(result: dict) -> str:
+    """The batch sizes tried and what each measured, in the result's unit."""
+    lines = [f"{'batch':>7} {result.get('unit') or 'examples/s':>16} {'status':>8}"]
+    for point in result["points"]:
+        rate = (point.get("examples_per_sec") or {}).get("median")
+        lines.append(f"{point['batch_size']:>7} {f'{rate:,.0f}' if rate else 'n/a':>16} {point['status']:>8}")
+    return "\n".join(lines)
 
 
 def chart(result: dict, path: Path) -> None:
@@ -179,3 +188,6 @@ def write_tensorboard(out: Path, points: list[dict]) -> None:
             for key in ("examples_per_sec", *keys)
         ],
     )
+
+
+WRITER = ReportWriter(SWEEP_RESULT.removesuffix(".json"), table=table, chart=chart)

@@ -190,9 +190,7 @@ def run(
         text = overlay_lib.tuned_header(result) + yaml.safe_dump(result["overlay"], sort_keys=False)
         files.write_text(tuned_path, text)
     result["seconds"] = clock() - began
-    files.write_json(out / "tune.json", result)
-    files.write_text(out / "tune.md", report.markdown(result))
-    report.chart(result, out / "tune.png")
+    report.WRITER.write(out, result)
     return result
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from train.benchmarks import charts
+from train.benchmarks.report_writer import ReportWriter
 from train.benchmarks.tune.overlay import flatten, per_s, train_command
 from train.benchmarks.tune.search import fmt
 
@@ -144,3 +145,6 @@ def summary(result: dict) -> str:
     if result["note"]:
         lines.append(result["note"][0].upper() + result["note"][1:] + ".")
     return "\n".join(lines)
+
+
+WRITER = ReportWriter("tune", table=summary, markdown=markdown, chart=chart)
