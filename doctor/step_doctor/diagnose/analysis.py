@@ -7,9 +7,9 @@ device busy share where a device exists, and the tf.data stages that made the st
 trace where the profile has none (the stock Keras TensorBoard callback): then xprof reports
 no step time, and the figures here come from the trace alone, labelled inferred.
 
-The host trace is read from the file in place (hosttrace.py, activity.py): a GB profile takes
-tens of seconds and a few hundred MB. xprof's own step breakdown (its converter, offline)
-holds the whole file in memory (about 20 MB of memory and 0.2 s per MB of profile here): it
+The host trace is read from the file in place (hosttrace.py, activity.py), so memory does not grow
+with the profile; xprof's own step breakdown (its converter, offline) holds the whole file in
+memory (what each costs against profile size: docs/figures.md, "bench-diagnose"): it
 is kept for profiles up to XPROF_MAX_MB and skipped above, or where its converter crashed (it
 runs in a child process, xprof_converter.py): then the figures come from the trace alone and
 the profile says which were skipped and why.
@@ -50,9 +50,9 @@ STEP_FIELDS = {  # our name -> xprof's key in the step table's properties
     "other_ms": "other_time_ms_avg",
 }
 INPUT_BOUND_HIGH = 20.0  # xprof's own threshold: "HIGHLY" input-bound
-# xprof's conversion holds the whole profile in memory: measured here 0.2 s and 20 MB of memory per MB of
-# profile, 0.7 s at the least (tests/test_diagnose_scale.py; docs/doctor.md, "diagnose at scale"). Above this size its
-# breakdown would cost more than the rest of the analysis: skipped.
+# xprof's conversion holds the whole profile in memory, its time and memory growing with the profile (docs/figures.md,
+# "bench-diagnose"; docs/doctor.md, "diagnose at scale"). Above this size its breakdown would cost more than the rest
+# of the analysis: skipped.
 XPROF_MAX_MB = 8.0
 # Past this size TensorBoard's Profile tab needs several GB of memory to open the profile (20-30 GB per GB,
 # tensorboard#6132, xprof#65): the profile says how it was read and how to capture one that opens.
