@@ -35,9 +35,10 @@ from train.benchmarks.tune.overlay import as_sets
 from train.core import files
 
 
-def aa_result(first: list[float], second: list[float], repeat_ratios: list[float]) -> dict:
-    """The A/A pair's gain (second / first), the first's own repeat noise, and the verdicts."""
-    pair = stats.Gain.of(stats.paired(second, first))
+def aa_result(ratios: list[float], repeat_ratios: list[float]) -> dict:
+    """The A/A pair's gain (its per-round ratios, crossed: isolated.pair_round), the first's own repeat noise, and
+    the verdicts."""
+    pair = stats.Gain.of(ratios)
     noise = stats.noise(repeat_ratios)
     return {
         **pair.as_dict(),
@@ -55,7 +56,7 @@ def history(variant, rounds: Trials) -> None:
 
 
 def aa_of(pair: isolated.Pair) -> dict:
-    return aa_result(pair.base, pair.candidate, pair.aa_ratios)
+    return aa_result(pair.ratios, pair.aa_ratios)
 
 
 def bench_pairing(cfg, rounds: Trials) -> dict:
@@ -80,10 +81,7 @@ def tune_pairing(load, rounds: Trials, own_value: dict) -> dict:
         comparison = measure.compare({}, own_value, rounds.rounds)
     finally:
         measure.close()
-    samples = comparison.samples
-    best = [(a + b) / 2 for a, b in zip(samples["base"], samples["base (again)"])]
-    candidate = [(a + b) / 2 for a, b in zip(samples["candidate"], samples["candidate (again)"])]
-    return aa_result(best, candidate, comparison.aa_ratios)
+    return aa_result(comparison.ratios, comparison.aa_ratios)
 
 
 def order(before_cfg, rung_cfg, rung: str, rounds: Trials) -> dict:
