@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from step_doctor.diagnose.dataset_sources import SourceLine
+
 MIN_GAIN = 1.05  # leave out fixes that would gain less than this (a share of step time, not a duration)
 MOST_REMOVED = 0.95  # never promise more than 20x from one fix
 SPEED, CORRECTNESS, LATENT = "speed", "correctness", "latent"
@@ -45,6 +47,7 @@ class Recommendation:
     caveat: str | None = None  # what the estimate assumes, what the trace cannot tell
     stage: str | None = None  # the tf.data stage it names ("Iterator::Root::MapAndBatch"), None for step causes
     if_faster: str | None = None  # LATENT: what it would cost where the step is faster
+    built_at: SourceLine | None = None  # the user's line that built `stage`, where profile recorded it
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -147,12 +147,18 @@ def _recommendations(recommendations: tuple[Recommendation, ...]) -> list[str]:
         gain = "" if rec.kind == CORRECTNESS else f", estimated gain {rec.estimated_gain:.2f}x"
         lines.append(f"  {rank}. {rec.title} [{rec.cause}{gain}]")
         lines.append(f"     evidence: {rec.evidence}.")
+        lines += _built_at(rec)
         lines.append(f"     fix: {rec.fix}")
         if rec.caveat:
             lines.append(f"     note: {rec.caveat}")
     if not recommendations:
         lines.append("  nothing to fix: no known cause would gain 5% or more in this profile.")
     return lines
+
+
+def _built_at(rec: Recommendation) -> list[str]:
+    where = rec.built_at
+    return [f"     built at: {where.short()}: {where.code}"] if where else []
 
 
 def _latent(notes: tuple[Recommendation, ...]) -> list[str]:
@@ -174,6 +180,7 @@ def _latent_notes(notes: list[Recommendation]) -> list[str]:
         lines.append(f"  - {rec.title} [{rec.cause}, latent]")
         lines.append(f"     evidence: {rec.evidence}.")
         lines.append(f"     {rec.if_faster}")
+        lines += _built_at(rec)
         lines.append(f"     fix: {rec.fix}")
         lines.append(f"     note: {rec.caveat}")
     return lines

@@ -15,11 +15,13 @@ where this template wrote one, only for the precision it trained in.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from step_doctor.diagnose import analysis, xla
+from step_doctor.diagnose.dataset_sources import Sources
 from step_doctor.diagnose.device import DeviceView, run_record, view
 from step_doctor.diagnose.diagnosis import Diagnosis, Run, RunDiagnosis, UnreadableRun
 from step_doctor.diagnose.profile_record import Profile
@@ -103,12 +105,17 @@ def diagnose_run(profile: Profile, session: Path) -> RunDiagnosis:
     record = run_record(session)
     device, padding = view(profile, record), padding_share(record)
     ranked = recommendations(profile, _run_config(session), device, padding)
+    found = latent(profile, ranked, device, padding)
+    sources = Sources.beside(session)
+    if sources is not None:  # `step-doctor profile` recorded where the script built its datasets
+        lines = sources.lines(s.path for s in profile.wait.stages) if isinstance(profile.wait, InputWait) else {}
+        ranked, found = ([replace(r, built_at=lines.get(r.stage)) for r in group] for group in (ranked, found))
     return RunDiagnosis(
         verdict=verdict(profile, device),
         profile=profile,
         device=device,
         recommendations=tuple(ranked),
-        latent=tuple(latent(profile, ranked, device, padding)),
+        latent=tuple(found),
         how_to_capture=None if profile.has_step_markers else _how_to_capture(profile),
         unmeasured=None if profile.input_bound_percent is not None else profile.wait.reason,
         notes=tuple(notes(profile, device)),

@@ -54,6 +54,9 @@ def diagnosis_markdown(run: str, item: RunDiagnosis | UnreadableRun) -> str:
             removed = f"{found.removes_ms:.1f} ms ({found.score:.0f} %)"
             lines.append(f"| {rank} | {_cell(found.title)} | {removed} | {found.estimated_gain:.2f}x |")
         lines += ["", f"**First fix:** {ranked[0].fix}", "", f"Evidence: {ranked[0].evidence}", ""]
+        where = ranked[0].built_at
+        if where:
+            lines += [f"Built at `{where.short()}`: `{_cell(where.code)}`", ""]
     for found in item.latent:
         lines += [f"- Latent: **{found.title}**. {found.if_faster or found.evidence}"]
     for note in item.notes:

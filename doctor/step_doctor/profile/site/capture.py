@@ -45,6 +45,7 @@ def _sibling(name: str):
 keras_fit = _sibling("keras_fit")
 jax_capture = _sibling("jax_capture")
 consume_fix = _sibling("consume_fix")
+dataset_sources = _sibling("dataset_sources")
 DEFAULT_STEPS, TRAINERS = keras_fit.DEFAULT_STEPS, keras_fit.TRAINERS
 
 ENV = "STEP_DOCTOR_PROFILE"
@@ -125,6 +126,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
         self.call_times: list = []
         self.lock = threading.RLock()
         self.callback_classes: dict = {}
+        self.sources = dataset_sources.Sources()
         self.status = {
             "pid": self.pid,
             "argv": list(sys.argv),
@@ -254,6 +256,12 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
             except Exception as error:
                 capture.update(state="failed", error=f"{type(error).__name__}: {error}")
             self.save()
+            self.write_sources()
+
+    def write_sources(self) -> None:
+        """The lines that built the datasets, beside the profile (a run that captured nothing needs none)."""
+        if os.getpid() == self.pid and self.status["capture"] and self.status["capture"].get("state") == "done":
+            self.sources.write(os.path.join(self.settings["logdir"], self.status["run"]))
 
     def status_steps(self) -> int:
         return self.step - 1 if self.fit_used else self.calls.get(self.loop_function, 0) - 1
@@ -275,6 +283,10 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
         if functions is not None:
             self._wrap_calls(functions.Function)
         self._wrap_profiler_start()
+        try:
+            self.sources.install(module)
+        except Exception as error:
+            self.note(f"profile could not record where the datasets were built ({type(error).__name__}: {error}).")
         self.save()
 
     def _wrap_calls(self, cls) -> None:
@@ -374,6 +386,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
 
     def at_exit(self) -> None:
         self.end("the process exited")
+        self.write_sources()  # again: datasets built after the window are kept too
         self.save()
 
 

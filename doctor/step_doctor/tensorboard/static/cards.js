@@ -76,6 +76,19 @@ function figures(diagnosis) {
   );
 }
 
+function builtAt(where) {
+  // The user's line that built the stage, recorded by step-doctor profile: the full path on hover.
+  const file = where.file.split("/").pop();
+  return h(
+    "p",
+    { class: "built-at" },
+    h("em", {}, "Built at: "),
+    h("code", { title: where.file }, `${file}:${where.line}`),
+    " ",
+    h("code", {}, where.code),
+  );
+}
+
 function recommendation(item, index) {
   const badges = [
     item.kind !== "speed" ? h("span", { class: `tag k-${item.kind}` }, item.kind) : null,
@@ -87,6 +100,7 @@ function recommendation(item, index) {
     { class: "recommendation", "data-cause": item.cause },
     h("div", { class: "title" }, h("span", { class: "rank" }, `${index + 1}.`), " ", h("strong", {}, item.title), " ", badges),
     h("p", {}, h("em", {}, "Evidence: "), prose(item.evidence)),
+    item.built_at ? builtAt(item.built_at) : null,
     h("p", {}, h("em", {}, "Fix: "), prose(item.fix)),
     item.caveat ? h("p", { class: "muted" }, h("em", {}, "Caveat: "), prose(item.caveat)) : null,
     item.if_faster ? h("p", { class: "muted" }, h("em", {}, "Where the step is faster: "), prose(item.if_faster)) : null,
