@@ -85,6 +85,22 @@ def _profile_parsers(commands) -> None:
         help="capture MultiWorkerMirroredStrategy workers even where the fix for TensorFlow's profiler crash cannot "
         "load (no C++ compiler, an unchecked TensorFlow): on TensorFlow 2.21 8 of 35 such two-worker runs died",
     )
+    profile.add_argument(
+        "--prove",
+        action="store_true",
+        help="then apply the first fixes in memory and measure each, and all together, in paired runs of the "
+        "unchanged command (no profiler); writes the proved fixes as a patch of your source",
+    )
+    profile.add_argument(
+        "--rounds", type=int, default=3, help="--prove: rounds of runs (one run without a fix and one per fix each)"
+    )
+    profile.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        choices=["order"],
+        help="--prove: also try fixes that change what the script computes: order (reading files interleaved)",
+    )
     profile.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND")
     profile.set_defaults(func=cmd_profile)
 

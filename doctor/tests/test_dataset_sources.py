@@ -94,7 +94,7 @@ def test_datasets_built_by_a_library_give_no_line_and_no_record_gives_none(tmp_p
     assert Sources.beside(session) is None
     (tmp_path / "run" / "dataset_sources.json").write_text(json.dumps({"datasets": [node(0, "_RangeDataset", line=3)]}))
     assert Sources.beside(session).lines(["Iterator::Root::Range"])["Iterator::Root::Range"] == SourceLine(
-        "/home/me/train.py", 3, "line 3", None
+        "/home/me/train.py", 3, "line 3", None, "_RangeDataset"
     )
 
 

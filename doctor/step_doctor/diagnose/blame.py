@@ -139,8 +139,8 @@ class Blame:
         """What spreading this stage's work over the pipeline's cores would remove."""
         return self.worked * max(1 - self.concurrency / self.pipeline.cores, 0.0)
 
-    def add(self, cause, title, removes_ms, evidence, fix, caveat=None) -> None:
-        self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head.path)
+    def add(self, cause, title, removes_ms, evidence, fix, caveat=None, removes=None) -> None:
+        self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head.path, removes=removes)
 
     @property
     def cache_line(self) -> str:

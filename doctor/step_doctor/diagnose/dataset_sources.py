@@ -86,6 +86,7 @@ class SourceLine:
     line: int
     code: str
     function: str | None = None
+    kind: str | None = None  # the class of the dataset built there (_MapDataset, ...)
 
     def short(self, cwd: Path | None = None) -> str:
         path = Path(self.file)
@@ -96,7 +97,7 @@ class SourceLine:
         return f"{shown}:{self.line}"
 
     def to_json(self) -> dict:
-        return {"file": self.file, "line": self.line, "code": self.code, "function": self.function}
+        return {"file": self.file, "line": self.line, "code": self.code, "function": self.function, "kind": self.kind}
 
 
 class Sources:
@@ -164,9 +165,8 @@ class Sources:
             for index in range(len(components) - 1, -1, -1):
                 node = self.nodes.get(by_component.get(index))
                 if node and node.get("file"):
-                    found[path] = SourceLine(
-                        node["file"], int(node.get("line") or 0), node.get("code") or "", node.get("function")
-                    )
+                    line, code = int(node.get("line") or 0), node.get("code") or ""
+                    found[path] = SourceLine(node["file"], line, code, node.get("function"), node.get("kind"))
                     break
         return found
 

@@ -197,8 +197,10 @@ def python_in_map(b: Blame) -> None:
 def sequential_map(b: Blame) -> None:
     step, parallel_gain = b.pipeline.step, b.spread_over_cores
     options = [(parallel_gain, "`.map(f, num_parallel_calls=tf.data.AUTOTUNE)`")]
+    removes = {"parallel-calls": parallel_gain}
     if b.deterministic:
         options.append((b.worked, b.cache_line))
+        removes["cache"] = b.worked
     best = max(options, key=lambda o: o[0])
     rescued = (
         f"tf.data parallelized it itself (map parallelization; parallelism {b.parallelism}), so on these cores "
@@ -223,6 +225,7 @@ def sequential_map(b: Blame) -> None:
         f"Estimate for parallel calls: the work spread over {b.pipeline.cores_note}. On a CPU-only profile the map "
         "and the model share those cores, so whether the map is slow by itself or starved by the model cannot be "
         "told apart here." + b.counted,
+        removes=removes,
     )
 
 
@@ -285,6 +288,7 @@ def heavy_map(b: Blame) -> None:
         f"{b.text}: {b.ran}",
         fix,
         "Estimate: " + caveat + b.counted,
+        removes={"cache": b.worked} if b.deterministic else {"parallel-calls": b.spread_over_cores},
     )
 
 

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from step_doctor.diagnose.dataset_sources import SourceLine
+from step_doctor.diagnose.proofs import Proof
 
 MIN_GAIN = 1.05  # leave out fixes that would gain less than this (a share of step time, not a duration)
 MOST_REMOVED = 0.95  # never promise more than 20x from one fix
@@ -48,6 +49,9 @@ class Recommendation:
     stage: str | None = None  # the tf.data stage it names ("Iterator::Root::MapAndBatch"), None for step causes
     if_faster: str | None = None  # LATENT: what it would cost where the step is faster
     built_at: SourceLine | None = None  # the user's line that built `stage`, where profile recorded it
+    estimates: dict[str, float] | None = None  # where the fix offers several: each one's estimated gain, by the name
+    # profile --prove applies it under (parallel-calls, cache, ...)
+    proofs: tuple[Proof, ...] = ()  # what `profile --prove` measured for its fixes, where it tested them
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -60,7 +64,8 @@ class Causes:
         self.step_ms = step_ms
         self.found: list[Recommendation] = []
 
-    def add(self, cause, title, removes_ms, evidence, fix, caveat=None, kind=SPEED, stage=None) -> None:
+    def add(self, cause, title, removes_ms, evidence, fix, caveat=None, kind=SPEED, stage=None, removes=None) -> None:
+        """`removes`: where the fix offers several, the time each removes, by name (Recommendation.estimates)."""
         step = self.step_ms
         self.found.append(
             Recommendation(
@@ -74,6 +79,7 @@ class Causes:
                 fix=fix,
                 caveat=caveat,
                 stage=stage,
+                estimates={name: gain(step, ms) for name, ms in removes.items()} if removes else None,
             )
         )
 

@@ -146,6 +146,8 @@ def _recommendations(recommendations: tuple[Recommendation, ...]) -> list[str]:
     for rank, rec in enumerate(recommendations, start=1):
         gain = "" if rec.kind == CORRECTNESS else f", estimated gain {rec.estimated_gain:.2f}x"
         lines.append(f"  {rank}. {rec.title} [{rec.cause}{gain}]")
+        for proof in rec.proofs:
+            lines.append(f"     {proof.label}: {proof.text}")
         lines.append(f"     evidence: {rec.evidence}.")
         lines += _built_at(rec)
         lines.append(f"     fix: {rec.fix}")

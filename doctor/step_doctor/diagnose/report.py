@@ -25,6 +25,7 @@ from step_doctor.diagnose.dataset_sources import Sources
 from step_doctor.diagnose.device import DeviceView, run_record, view
 from step_doctor.diagnose.diagnosis import Diagnosis, Run, RunDiagnosis, UnreadableRun
 from step_doctor.diagnose.profile_record import Profile
+from step_doctor.diagnose.proofs import Proofs
 from step_doctor.diagnose.ranked_causes import latent, recommendations
 from step_doctor.diagnose.structural import padding_share
 from step_doctor.diagnose.verdict import verdict
@@ -110,6 +111,9 @@ def diagnose_run(profile: Profile, session: Path) -> RunDiagnosis:
     if sources is not None:  # `step-doctor profile` recorded where the script built its datasets
         lines = sources.lines(s.path for s in profile.wait.stages) if isinstance(profile.wait, InputWait) else {}
         ranked, found = ([replace(r, built_at=lines.get(r.stage)) for r in group] for group in (ranked, found))
+    proofs = Proofs.beside(session)
+    if proofs is not None:  # `step-doctor profile --prove` measured the fixes
+        ranked = [replace(r, proofs=proofs.of(r.cause, r.stage)) for r in ranked]
     return RunDiagnosis(
         verdict=verdict(profile, device),
         profile=profile,

@@ -21,7 +21,7 @@ from step_doctor import diagnose as analyser  # the analyser's entry points: dia
 from step_doctor import files
 from step_doctor.diagnose.diagnosis import Diagnosis, RunDiagnosis
 from step_doctor.errors import UserError
-from step_doctor.profile import explain, runner
+from step_doctor.profile import explain, prove, runner
 from step_doctor.tensorboard import text_summary
 
 
@@ -35,6 +35,11 @@ def main(args) -> int:
     if args.seconds is not None and args.seconds <= 0:
         raise UserError(f"--seconds {args.seconds}: give the length of a custom loop's capture in seconds, e.g. 5.")
     steps = runner.parse_steps(args.steps)
+    if args.prove and args.rounds < 2:
+        raise UserError(
+            f"--rounds {args.rounds}: --prove needs at least 2 rounds (its A/A control compares the runs without a "
+            "fix of two rounds); the default is 3."
+        )
     shown = Path(args.logdir) if args.logdir else runner.default_logdir(command)
     logdir = runner.prepare_logdir(shown)
     if steps:
@@ -58,13 +63,34 @@ def main(args) -> int:
         unsafe_multi_worker=args.unsafe_multi_worker,
     )
     try:
-        return _report(args, child, sampler, logdir, shown)
+        proved = _prove(args, child, logdir, command) if args.prove else None
+        return _report(args, child, sampler, logdir, shown, proved)
     finally:
         if args.chown:
             runner.hand_back([logdir, Path.cwd()], args.chown, started)
 
 
-def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) -> int:
+def _prove(args, child: runner.ChildRun, logdir: Path, command: list[str]) -> dict | None:
+    """Measure the first fixes (prove.py) where the command's own process was captured and diagnosed; else why not."""
+    name = runner.script_name(command)
+    status = next((s for s in child.statuses if s.get("run") == name), None)
+    captured = [s for s in child.statuses if (s.get("capture") or {}).get("state") == "done"]
+    why = None
+    if status is None or not any(logdir.rglob("*.xplane.pb")):
+        why = "the command's own process captured nothing"
+    elif len(captured) > 1:
+        why = f"the command ran {len(captured)} training processes; prove measures a command of one"
+    if why is None:
+        item = analyser.diagnose(str(logdir)).runs.get(name)
+        if not isinstance(item, RunDiagnosis) or not item.recommendations:
+            why = "the diagnosis names no fix to measure"
+    if why:
+        print(f"prove: nothing measured: {why}.", file=sys.stderr, flush=True)
+        return {"each": [], "together": None, "skipped": why}
+    return prove.prove(command, item, status, logdir / name, args.rounds, set(args.allow), Path.cwd())
+
+
+def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path, proved: dict | None = None) -> int:
     usage = explain.utilization_block(sampler, child)
     about = {
         "command": child.command,
@@ -86,6 +112,8 @@ def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) ->
     status = analyser.gate(result, args.fail_if_input_bound, args.allow_unmeasured)
     result = _loop_hints(result, child)
     document = {**result.to_json(), "logdir": str(shown), "capture": about, "utilization": usage, "tensorboard": board}
+    if proved is not None:
+        document["prove"] = proved
     files.write_json(logdir / "profile.json", document)
     text_summary.write_diagnosis(logdir, result)  # the verdict in TensorBoard's Text tab too
     if args.json:
@@ -93,6 +121,8 @@ def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path) ->
     else:
         lines = explain.capture_lines(child) + [analyser.render(result), ""]
         lines += explain.utilization_lines(usage)
+        if proved is not None and proved.get("each"):
+            lines += prove.lines(proved) + [""]
         lines.append(f"TensorBoard, the profile and the utilization side by side: {board}")
         print("\n".join(lines))
     if child.returncode != 0:

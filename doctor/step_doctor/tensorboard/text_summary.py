@@ -57,6 +57,10 @@ def diagnosis_markdown(run: str, item: RunDiagnosis | UnreadableRun) -> str:
         where = ranked[0].built_at
         if where:
             lines += [f"Built at `{where.short()}`: `{_cell(where.code)}`", ""]
+        proved = [(found, proof) for found in ranked for proof in found.proofs]
+        for found, proof in proved:
+            lines += [f"- Measured by running it, {_cell(found.title)}: {_cell(proof.label)}, {_cell(proof.text)}"]
+        lines += [""] if proved else []
     for found in item.latent:
         lines += [f"- Latent: **{found.title}**. {found.if_faster or found.evidence}"]
     for note in item.notes:

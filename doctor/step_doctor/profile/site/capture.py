@@ -46,6 +46,7 @@ keras_fit = _sibling("keras_fit")
 jax_capture = _sibling("jax_capture")
 consume_fix = _sibling("consume_fix")
 dataset_sources = _sibling("dataset_sources")
+fixes = _sibling("fixes")
 DEFAULT_STEPS, TRAINERS = keras_fit.DEFAULT_STEPS, keras_fit.TRAINERS
 
 ENV = "STEP_DOCTOR_PROFILE"
@@ -127,6 +128,8 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
         self.lock = threading.RLock()
         self.callback_classes: dict = {}
         self.sources = dataset_sources.Sources()
+        self.trial = settings.get("trial")  # a trial of `profile --prove`: time the window with fixes applied, exit
+        self.fixes = None
         self.status = {
             "pid": self.pid,
             "argv": list(sys.argv),
@@ -150,6 +153,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
             return
         self.status["argv"] = list(sys.argv)
         self.status["steps_seen"] = self.step if self.fit_used else self.calls.get(self.loop_function, 0)
+        self.status["pass_steps"] = self.sources.pass_steps
         if self.calls:
             name = max(self.calls, key=self.calls.get)
             self.status["most_called"] = {"function": name, "calls": self.calls[name]}
@@ -187,6 +191,11 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
 
     def begin(self, where: str) -> None:
         if os.getpid() != self.pid:
+            return
+        if self.trial:
+            self.state, self.session = "active", "trial"
+            self.status["capture"] = {"state": "active", "at": where, "started_at": time.time(), "profiler": None}
+            self.save()
             return
         run_dir = self.run_dir()  # named in the status even where nothing is captured
         if consume_fix.is_multi_worker() and not self.multi_worker:  # TF_CONFIG was set after `import tensorflow`
@@ -242,6 +251,8 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
                 self.trace.__exit__(None, None, None)
                 self.trace = None
             capture = self.status["capture"]
+            if self.session == "trial":
+                return self.end_trial(capture, why)
             capture.update(state="stopping", stopped_at=time.time(), why=why, last_step=self.status_steps())
             # Saved first: a process that dies inside TensorFlow's stop (TensorFlow's crash under
             # MultiWorkerMirroredStrategy where its fix is not loaded: consume_fix.py) leaves "stopping" behind, which
@@ -257,6 +268,23 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
                 capture.update(state="failed", error=f"{type(error).__name__}: {error}")
             self.save()
             self.write_sources()
+
+    def end_trial(self, capture: dict, why: str) -> None:
+        """A trial's window is timed: say how long it took and what was applied, and end the process there (what the
+        script would do after the window is not measured, and a trial must not run the whole training)."""
+        now = time.time()
+        first, last = self.window if self.fit_used else self.steps or self.window
+        done = self.status_steps()
+        self.status["trial"] = {
+            "seconds": now - capture["started_at"],
+            "steps": min(done, last) - first + 1,
+            "complete": done >= last,
+            "fixes": self.fixes.report() if self.fixes else [],
+        }
+        capture.update(state="done", stopped_at=now, why=why, last_step=done)
+        self.save()
+        if why != "the process exited":
+            os._exit(0)
 
     def write_sources(self) -> None:
         """The lines that built the datasets, beside the profile (a run that captured nothing needs none)."""
@@ -285,6 +313,9 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
         self._wrap_profiler_start()
         try:
             self.sources.install(module)
+            if self.trial:
+                self.fixes = fixes.Fixes(self.trial.get("fixes") or [], self.sources.caller, self.note)
+                self.fixes.install(module)
         except Exception as error:
             self.note(f"profile could not record where the datasets were built ({type(error).__name__}: {error}).")
         self.save()

@@ -37,6 +37,7 @@ class Sources:
         self.nodes: list[dict] = []
         self.lock = threading.Lock()
         self.iterated = 0
+        self.pass_steps: int | None = None  # elements of one pass over the first dataset iterated (prove's window)
         self.skipped: dict[str, str] = {}  # package -> its folder, as the script imports them
 
     @property
@@ -77,6 +78,8 @@ class Sources:
                     if number is not None and "iterated" not in sources.nodes[number]:
                         sources.nodes[number]["iterated"] = sources.iterated
                         sources.iterated += 1
+                if sources.pass_steps is None and dataset is not None:
+                    sources.pass_steps = pass_steps(dataset)
             except Exception:
                 pass
             init(iterator, dataset, *args, **kwargs)
@@ -134,6 +137,27 @@ class Sources:
             os.replace(tmp, path)
         except OSError:
             pass
+
+
+def pass_steps(dataset) -> int | None:
+    """How many elements (steps, for the dataset a loop iterates) one pass over its finite data takes: its own
+    cardinality, or, below a repeat(), the first finite dataset's divided by the batches above it; None where tf.data
+    cannot count it."""
+    divisor = 1
+    for _ in range(64):
+        count = int(dataset.cardinality())
+        if count >= 0:
+            return -(-count // divisor)
+        if count != -1:
+            return None  # unknown
+        size = getattr(dataset, "_batch_size", None)
+        if size is not None:
+            divisor *= int(size)
+        inputs = dataset._inputs()
+        if not inputs:
+            return None
+        dataset = inputs[0]
+    return None
 
 
 def _package_dir(name: str) -> str | None:

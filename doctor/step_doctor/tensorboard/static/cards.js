@@ -89,11 +89,20 @@ function builtAt(where) {
   );
 }
 
+function proofLine(proof) {
+  // Measured by step-doctor profile --prove: paired runs of the unchanged script with the fix applied in memory.
+  if (!proof.gain) return h("p", { class: "muted" }, h("em", {}, `Not proved (${proof.label}): `), prose(proof.why || ""));
+  const spread = `${number(proof.low, 2)}x-${number(proof.high, 2)}x over ${proof.rounds} rounds`;
+  const estimate = proof.estimated_gain ? `, estimated ${number(proof.estimated_gain, 2)}x` : "";
+  return h("p", {}, h("em", {}, "Proved by running it: "), `${proof.label}: ${proof.verdict} ${number(proof.gain, 2)}x (${spread})${estimate}`);
+}
+
 function recommendation(item, index) {
   const badges = [
     item.kind !== "speed" ? h("span", { class: `tag k-${item.kind}` }, item.kind) : null,
     item.removes_ms ? h("span", { class: "tag" }, `removes ${ms(item.removes_ms)} per step (${number(item.score, 0)} %)`) : null,
     item.estimated_gain ? h("span", { class: "tag gain" }, `estimated gain ${number(item.estimated_gain, 2)}x`) : null,
+    ...(item.proofs || []).filter((p) => p.gain).slice(0, 1).map((p) => h("span", { class: `tag proof v-${p.verdict.replace(" ", "-")}` }, `${p.verdict} ${number(p.gain, 2)}x`)),
   ];
   return h(
     "li",
@@ -101,6 +110,7 @@ function recommendation(item, index) {
     h("div", { class: "title" }, h("span", { class: "rank" }, `${index + 1}.`), " ", h("strong", {}, item.title), " ", badges),
     h("p", {}, h("em", {}, "Evidence: "), prose(item.evidence)),
     item.built_at ? builtAt(item.built_at) : null,
+    ...(item.proofs || []).map(proofLine),
     h("p", {}, h("em", {}, "Fix: "), prose(item.fix)),
     item.caveat ? h("p", { class: "muted" }, h("em", {}, "Caveat: "), prose(item.caveat)) : null,
     item.if_faster ? h("p", { class: "muted" }, h("em", {}, "Where the step is faster: "), prose(item.if_faster)) : null,
