@@ -192,7 +192,7 @@ clean: ## Remove runs/ and the built datasets (keeps .venv)
 SCRIPT ?=
 NEED_SCRIPT = @test -n "$(SCRIPT)" || { echo 'error: name the script and its arguments, e.g. make profile SCRIPT="my_train.py --epochs 3"' >&2; exit 2; }
 
-.PHONY: profile bench-profile docker-profile gpu-check
+.PHONY: profile bench-prove bench-profile docker-profile gpu-check
 
 profile: setup ## Profile your own training script, unchanged, and diagnose it (SCRIPT="my_train.py ARGS")
 	$(NEED_SCRIPT)
@@ -200,6 +200,9 @@ profile: setup ## Profile your own training script, unchanged, and diagnose it (
 
 gpu-check: setup ## The doctor on Keras-on-JAX, starved and fed: this machine's CPU part here (doctor/tools/gpu_check.sh for a GPU host) -> runs/gpu-check/
 	$(PY) doctor/tools/gpu_check.py --out runs/gpu-check $(ARGS)
+
+bench-prove: setup ## The doctor's estimates against what profile --prove measures, on the planted corpus -> runs/prove-corpus/prove.{json,md}
+	PYTHONPATH=doctor $(PY) -m step_doctor_dev.prove_corpus $(ARGS)
 
 bench-profile: setup ## What profile costs a run outside its capture window: a corpus script with and without it
 	PYTHONPATH=doctor $(PY) -m step_doctor_dev.bench_profile $(ARGS)

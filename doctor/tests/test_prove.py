@@ -10,16 +10,21 @@ long test checks the planted case's outcome, the slow one only that each figure 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import psutil
 import pytest
 
 from step_doctor.diagnose.proofs import NO_GAIN, NOT_PROVED, PROVED, SLOWER, UNCLEAR, Proof
 from step_doctor.profile import patch, prove
-from tests.test_profile import profile, script
+from tests.conftest import STEP_DOCTOR
+from tests.test_profile import profile
 
 SOURCE = textwrap.dedent(
     """\
@@ -53,9 +58,22 @@ def test_each_fix_is_written_into_the_call_that_built_the_stage_and_nothing_else
     assert lines[3] == (
         "ds = ds.map(load, num_parallel_calls=T.data.AUTOTUNE).cache().batch(16).repeat().prefetch(T.data.AUTOTUNE)"
     )
-    assert lines[4:8] == ["ds2 = (ds.map(", "    load, num_parallel_calls=T.data.AUTOTUNE", ").cache()", "  .batch(4))"]
+    assert lines[4:8] == [
+        "ds2 = (ds.map(",
+        "    load, num_parallel_calls=T.data.AUTOTUNE,",
+        ").cache()",
+        "  .batch(4))",
+    ]
     assert lines[8] == "r = T.data.TFRecordDataset(files, num_parallel_reads=T.data.AUTOTUNE)"
     assert [i for i, (a, b) in enumerate(zip(SOURCE.splitlines(), lines)) if a != b] == [3, 5, 6, 8]
+
+
+def test_a_comment_after_the_last_argument_and_a_file_without_a_tensorflow_name_are_kept_right():
+    source = "from tensorflow import data\nds = data.Dataset.range(4).map(  # square it\n    f  # the function\n)\n"
+    fixed = patch.edit(source, [{"name": "parallel-calls", "line": 2}])
+    assert fixed.splitlines()[2] == "    f, num_parallel_calls=-1  # the function"  # -1 is tf.data.AUTOTUNE
+    with pytest.raises(patch.PatchError, match="already passes num_parallel_calls"):
+        patch.edit("ds = ds.map(f, 4)\n", [{"name": "parallel-calls", "line": 1}])
 
 
 def test_a_fix_that_cannot_be_written_says_why():
@@ -92,6 +110,8 @@ def test_a_fix_is_proved_only_when_every_round_gains_more_than_the_aa_control():
     assert proof(base, [0.150, 0.140, 0.160]).verdict == SLOWER
     assert proof(base, [0.083, 0.101, 0.079]).verdict == UNCLEAR  # two rounds gained, one did not
     assert proof(base, [None, None, None]).verdict == NOT_PROVED
+    assert proof([0.100, None, 0.100], [0.020, 0.020, 0.020]).verdict == NOT_PROVED  # no A/A control: no proof
+    assert "no A/A control" in proof([0.100, None, 0.100], [0.020, 0.020, 0.020]).why
     assert proof([0.100, 0.150, 0.100], [0.080, 0.110, 0.080]).verdict != PROVED  # within a noisy A/A control
 
 
@@ -100,11 +120,11 @@ def test_the_window_follows_one_pass_over_the_data_where_a_cache_is_tried():
     calls = prove.Candidate("parallel calls", [{"name": "parallel-calls"}], [], [], None)
     assert prove.window(25.0, {"steps_seen": 400, "pass_steps": 4}, [calls]) == ((6, 125), None)
     assert prove.window(25.0, {"steps_seen": 400, "pass_steps": 40}, [calls, cache]) == ((42, 161), None)
-    assert prove.window(25.0, {"steps_seen": 60, "pass_steps": 4}, [cache]) == ((6, 59), None)
+    assert prove.window(25.0, {"steps_seen": 60, "pass_steps": 4}, [cache]) == ((6, 58), None)  # step 59 ends it
     steps, why = prove.window(25.0, {"steps_seen": 9, "pass_steps": 4}, [cache])
     assert steps is None and "trains 9 steps" in why and "one pass over the data" in why
     long = [cache]
-    refused = prove._drop_long_caches(long, {"pass_steps": 5000}, 25.0)
+    refused = prove._drop_long_caches(long, {"pass_steps": 5000}, 25.0)  # 125 s of steps before its window
     assert long == [] and "5000 steps" in refused[0].why and refused[0].verdict == NOT_PROVED
 
 
@@ -114,40 +134,12 @@ def test_a_proof_reads_back_as_written():
     assert proof.text == "proved x3.01 (x2.90-x3.20 over 3 rounds; A/A within 2.0%), estimated x1.90"
 
 
-PLANTED = """
-import os
-import sys
-
-import numpy as np
-import tensorflow as tf
-import keras
-
-if not os.path.isdir("images"):  # the script's own data, made on its first run
-    os.makedirs("images")
-    rng = np.random.default_rng(0)
-    for i in range(64):
-        image = rng.integers(0, 255, (48, 48, 3), dtype=np.uint8).repeat(8, 0).repeat(8, 1)
-        tf.io.write_file(f"images/{i:03d}.jpg", tf.io.encode_jpeg(image, quality=90))
-paths = sorted(tf.io.gfile.glob("images/*.jpg"))
-
-
-def load(path):
-    image = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
-    return tf.image.resize(image, (32, 32)) / 255.0, tf.strings.length(path) % 4
-
-
-ds = tf.data.Dataset.from_tensor_slices(paths)
-ds = ds.map(load)  # decoded in every epoch, one call at a time
-ds = ds.batch(16).repeat()
-model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(4)])
-model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-model.fit(ds, steps_per_epoch=int(sys.argv[1]) if len(sys.argv) > 1 else 60, epochs=1, verbose=0)
-print("trained")
-"""
+PLANTED = (Path(__file__).parent / "prove_me.py").read_text()
 
 
 def prove_planted(tmp_path, *args):
-    name = script(tmp_path, PLANTED, "prove_me.py")
+    name = "prove_me.py"
+    (tmp_path / name).write_text(PLANTED)
     line = PLANTED.splitlines().index("ds = ds.map(load)  # decoded in every epoch, one call at a time") + 1
     done = profile(tmp_path, "--json", "--logdir", "logs", "--prove", *args, "--", sys.executable, name, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -179,7 +171,7 @@ def test_prove_applies_each_fix_at_the_line_measures_it_and_hands_over_a_patch_t
         assert applied.returncode == 0, applied.stderr
         ran = subprocess.run([sys.executable, name, "20"], cwd=copy, capture_output=True, text=True, timeout=300)
         assert ran.returncode == 0 and ran.stdout.strip().endswith("trained"), ran.stderr[-2000:]
-    assert (tmp_path / name).read_text() == textwrap.dedent(PLANTED)  # the user's file is never written
+    assert (tmp_path / name).read_text() == PLANTED  # the user's file is never written
 
 
 @pytest.mark.long
@@ -192,3 +184,23 @@ def test_prove_on_the_planted_decode_map_proves_the_cache_and_not_the_parallel_c
     assert cache["verdict"] == PROVED and cache["gain"] > 1.5, cache
     assert calls["gain"] < cache["gain"], (calls, cache)
     assert document["prove"]["patch"] and ".cache()" in open(document["prove"]["patch"]).read()
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_trials_stops_them_and_reports_what_they_measured(tmp_path):
+    name = "prove_me.py"
+    (tmp_path / name).write_text(PLANTED)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [str(STEP_DOCTOR), "profile", "--json", "--logdir", "logs", "--prove", "--", sys.executable, name]
+    parent = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said = []
+    for line in parent.stderr:  # the progress lines: stop once the second trial of the first round has begun
+        said.append(line)
+        if "round 1/3, " in line:
+            break
+    parent.send_signal(signal.SIGTERM)  # to the parent alone, as a supervisor sends it
+    out, rest = parent.communicate(timeout=120)
+    assert parent.returncode == 0, "".join(said) + rest[-3000:]  # the command's own status, from its own run
+    proved = json.loads(out)["prove"]
+    assert proved["stopped"] == "SIGTERM" and proved["aa"][0] is not None, proved
+    assert not [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]

@@ -47,7 +47,8 @@ class Proof:
     def text(self) -> str:
         if self.verdict == NOT_PROVED:
             return f"not proved: {self.why}"
-        spread = f"x{self.low:.2f}-x{self.high:.2f} over {self.rounds} rounds; A/A within {self.noise:.1%}"
+        control = f"A/A within {self.noise:.1%}" if self.noise is not None else "no A/A control"
+        spread = f"x{self.low:.2f}-x{self.high:.2f} over {self.rounds} rounds; {control}"
         estimate = f", estimated x{self.estimated_gain:.2f}" if self.estimated_gain else ""
         return f"{self.verdict} x{self.gain:.2f} ({spread}){estimate}"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -70,16 +71,26 @@ def main(args) -> int:
             runner.hand_back([logdir, Path.cwd()], args.chown, started)
 
 
+WRITES_STATE = {"BackupAndRestore"}  # callbacks that a run cut short leaves state behind for the next run to resume
+
+
 def _prove(args, child: runner.ChildRun, logdir: Path, command: list[str]) -> dict | None:
     """Measure the first fixes (prove.py) where the command's own process was captured and diagnosed; else why not."""
     name = runner.script_name(command)
     status = next((s for s in child.statuses if s.get("run") == name), None)
     captured = [s for s in child.statuses if (s.get("capture") or {}).get("state") == "done"]
     why = None
-    if status is None or not any(logdir.rglob("*.xplane.pb")):
+    if child.signals or child.returncode < 0:
+        why = f"the command was stopped ({', '.join(child.signals) or child.signal_name})"
+    elif status is None or not any(logdir.rglob("*.xplane.pb")):
         why = "the command's own process captured nothing"
     elif len(captured) > 1:
         why = f"the command ran {len(captured)} training processes; prove measures a command of one"
+    elif set(status.get("callbacks") or ()) & WRITES_STATE:
+        why = (
+            "the script trains with keras.callbacks.BackupAndRestore: prove's runs end after a window of steps, and "
+            "each would leave a backup that the next run (and yours) resumes from"
+        )
     if why is None:
         item = analyser.diagnose(str(logdir)).runs.get(name)
         if not isinstance(item, RunDiagnosis) or not item.recommendations:
@@ -87,7 +98,13 @@ def _prove(args, child: runner.ChildRun, logdir: Path, command: list[str]) -> di
     if why:
         print(f"prove: nothing measured: {why}.", file=sys.stderr, flush=True)
         return {"each": [], "together": None, "skipped": why}
-    return prove.prove(command, item, status, logdir / name, args.rounds, set(args.allow), Path.cwd())
+    # Blocked again (runner._watch unblocked them once the command ended): prove takes them itself, between trials
+    # and in the wait for each, to stop the running trial and report the rounds measured.
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, runner.FORWARDED)
+    try:
+        return prove.prove(command, item, status, logdir / name, args.rounds, set(args.allow), Path.cwd())
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _report(args, child: runner.ChildRun, sampler, logdir: Path, shown: Path, proved: dict | None = None) -> int:

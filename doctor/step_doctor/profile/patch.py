@@ -31,8 +31,12 @@ METHOD_OF = {  # the dataset class a line built -> the method (or constructor) t
     "_PrefetchDataset": "prefetch",
     "TFRecordDatasetV2": "TFRecordDataset",
 }
-KEYWORD = {"parallel-calls": ("map", "num_parallel_calls"), "parallel-reads": ("TFRecordDataset", "num_parallel_reads")}
-CHAINED = {"cache": ".cache()", "prefetch": ".prefetch({tf}.data.AUTOTUNE)"}
+# fix -> (the call, its keyword, its place among the positional arguments)
+KEYWORD = {
+    "parallel-calls": ("map", "num_parallel_calls", 1),
+    "parallel-reads": ("TFRecordDataset", "num_parallel_reads", 3),
+}
+CHAINED = {"cache": ".cache()", "prefetch": ".prefetch({autotune})"}
 
 
 class PatchError(Exception):
@@ -44,13 +48,14 @@ def _called_name(call: ast.Call) -> str | None:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
-def _tensorflow_name(tree: ast.Module) -> str:
+def _autotune(tree: ast.Module) -> str:
+    """tf.data.AUTOTUNE under the name the file imports TensorFlow as; its value (-1) where it binds no such name."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name == "tensorflow":
-                    return alias.asname or "tensorflow"
-    return "tf"
+                if alias.name in ("tensorflow", "tensorflow.compat.v2") and (alias.asname or "." not in alias.name):
+                    return f"{alias.asname or alias.name}.data.AUTOTUNE"
+    return "-1"
 
 
 def _call_at(tree: ast.Module, line: int, method: str) -> ast.Call:
@@ -74,29 +79,32 @@ def _offset(lines: list[str], line: int, column: int) -> int:
 def edit(source: str, fixes: list[dict]) -> str:
     """The source with each fix written in; PatchError where one cannot be."""
     tree = ast.parse(source)
-    tf = _tensorflow_name(tree)
-    lines = source.splitlines(keepends=True)
+    autotune = _autotune(tree)
+    lines = source.split("\n")
+    lines = [line + "\n" for line in lines[:-1]] + lines[-1:]  # as ast counts them: on newlines only
     inserts: list[tuple[int, str]] = []
     for fix in fixes:
         name = fix["name"]
         if name in KEYWORD:
-            method, keyword = KEYWORD[name]
+            method, keyword, place = KEYWORD[name]
             call = _call_at(tree, fix["line"], method)
-            if any(k.arg == keyword for k in call.keywords):
+            if any(k.arg == keyword for k in call.keywords) or len(call.args) > place:
                 raise PatchError(f"{method}() on line {fix['line']} already passes {keyword}")
-            end = _offset(lines, call.end_lineno, call.end_col_offset) - 1
-            if source[end] != ")":
-                raise PatchError(f"the call on line {fix['line']} does not end in ')'")
-            before = source[:end].rstrip()
-            comma = "" if before.endswith(("(", ",")) else ", "
-            space = " " if before.endswith(",") else ""
-            inserts.append((len(before), f"{comma}{space}{keyword}={tf}.data.AUTOTUNE"))
+            arguments = [*call.args, *call.keywords]
+            if not arguments:
+                raise PatchError(f"{method}() on line {fix['line']} has no arguments to add {keyword} after")
+            last = max(arguments, key=lambda a: (a.end_lineno, a.end_col_offset))
+            # right after the last argument, so a comment or a trailing comma after it stays where it is
+            inserts.append((_offset(lines, last.end_lineno, last.end_col_offset), f", {keyword}={autotune}"))
         elif name in CHAINED:
             method = METHOD_OF.get(fix.get("kind") or "")
             if method is None:
                 raise PatchError(f"a {fix.get('kind')} is not built by a call this patch knows")
             call = _call_at(tree, fix["line"], method)
-            inserts.append((_offset(lines, call.end_lineno, call.end_col_offset), CHAINED[name].format(tf=tf)))
+            end = _offset(lines, call.end_lineno, call.end_col_offset)
+            if source[end - 1] != ")":
+                raise PatchError(f"the call on line {fix['line']} does not end in ')'")
+            inserts.append((end, CHAINED[name].format(autotune=autotune)))
         else:
             raise PatchError(f"no patch for the fix {name}")
     for at, text in sorted(inserts, reverse=True):
@@ -115,12 +123,12 @@ def unified_diff(fixes: list[dict], cwd: Path) -> tuple[str, list[str]]:
         path = Path(file)
         try:
             before = path.read_text()
-        except OSError as error:
-            notes.append(f"{file}: not read ({error.strerror or error})")
+        except (OSError, UnicodeDecodeError) as error:
+            notes.append(f"{file}: not read ({getattr(error, 'strerror', None) or error})")
             continue
         try:
             after = edit(before, group)
-        except (PatchError, SyntaxError) as error:
+        except (PatchError, SyntaxError, ValueError) as error:
             notes.append(f"{file}: {error}")
             continue
         try:

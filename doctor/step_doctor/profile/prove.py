@@ -18,7 +18,9 @@ command's own exit status, from the profile run, is kept.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -130,8 +132,8 @@ def window(step_ms: float, status: dict, candidates: list[Candidate]) -> tuple[t
     if caching and isinstance(passed, int) and passed > 0:
         first = max(first, passed + 2)
     trained = status.get("steps_seen") or 0
-    if trained and first + length > trained:
-        length = trained - first
+    if trained and first + length > trained - 1:  # the window ends when the step after its last one begins
+        length = trained - 1 - first
     if length < 5:
         return None, (
             f"the script trains {trained} steps, too few for a window of at least 5 steps after step {first} (the "
@@ -187,8 +189,10 @@ def run_trial(command: list[str], fixes: list[dict], steps: tuple[int, int], log
         settings = json.loads(env[runner.ENV])
         settings["trial"] = {"fixes": fixes}
         env[runner.ENV] = json.dumps(settings)
-        with open(log, "w") as out, runner._unblocked() as early:
-            child = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        with open(log, "w") as out, runner._unblocked() as early:  # a session of its own: what it starts is stopped
+            child = subprocess.Popen(  # with it (a terminal's Ctrl-C reaches prove, which stops the trial)
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         stopped = early[0] if early else None
         deadline = time.monotonic() + timeout
         while stopped is None and child.poll() is None:
@@ -196,16 +200,10 @@ def run_trial(command: list[str], fixes: list[dict], steps: tuple[int, int], log
             if info is not None:
                 stopped = info.si_signo
             elif time.monotonic() > deadline:
-                child.kill()
-                child.wait()
+                _stop(child, signal.SIGKILL)
                 return {"error": f"no answer in {timeout:.0f} s"}
         if stopped is not None:
-            child.terminate()
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+            _stop(child, signal.SIGTERM)
             raise Stopped(signal.Signals(stopped).name)
         timed = [s for s in runner._statuses(status_dir) if s.get("trial")]
         if not timed:
@@ -217,6 +215,18 @@ def run_trial(command: list[str], fixes: list[dict], steps: tuple[int, int], log
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _stop(child: subprocess.Popen, signum: int) -> None:
+    """The trial's whole session: the command and whatever it started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signum)
+    try:
+        child.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
 def prove(
     command: list[str], item: RunDiagnosis, status: dict, run_dir: Path, rounds: int, allow: set[str], cwd: Path
 ) -> dict:
@@ -225,6 +235,11 @@ def prove(
     candidates, unproved = plan(item, allow, cwd)
     unproved += _drop_long_caches(candidates, status, step_ms)
     steps, why = window(step_ms, status, candidates)
+    if why and any(f["name"] == "cache" for c in candidates for f in c.fixes):
+        caches = [c for c in candidates if any(f["name"] == "cache" for f in c.fixes)]
+        unproved += [_as_unproved(c, why) for c in caches if c.label != "all together"]
+        candidates = _without(candidates, caches)
+        steps, why = window(step_ms, status, candidates)  # the others need no pass over the data first
     if why:
         unproved += [_as_unproved(c, why) for c in candidates if c.label != "all together"]
         candidates = []
@@ -232,16 +247,14 @@ def prove(
     trials = [baseline, *candidates]
     stopped = None
     logs = run_dir / "prove"
-    logs.mkdir(parents=True, exist_ok=True)
     expected_s = (steps[1] + 1) * step_ms / 1000 if steps else 0
     timeout = max(300.0, 10 * expected_s)
     started = time.time()
     if candidates:
+        logs.mkdir(parents=True, exist_ok=True)
         _say(f"proving {len(candidates)} fix(es) in {rounds} rounds of {len(trials)} runs, steps {steps[0]}-{steps[1]}")
     for r in range(rounds if candidates else 0):
-        order = trials[r % len(trials) :] + trials[: r % len(trials)]
-        if r % 2:
-            order.reverse()
+        order = trials[r % len(trials) :] + trials[: r % len(trials)]  # each run in every place, in turn
         for trial in order:
             trial.times.append(None)
         for index, trial in enumerate(order):
@@ -250,17 +263,13 @@ def prove(
             except Stopped as signal_name:
                 stopped = str(signal_name)
                 break
-            timed = status_of.get("trial") or {}
-            if status_of.get("error") or not timed.get("complete") or not timed.get("steps"):
-                trial.refused.append(status_of.get("error") or "the trial ended before its window did")
+            problems = _problems(status_of)
+            if problems:  # a fix that was not applied measures nothing: no time, and the reason
+                trial.refused += problems
             else:
+                timed = status_of["trial"]
                 trial.times[-1] = timed["seconds"] / timed["steps"]
-                for fix in timed.get("fixes") or []:
-                    if fix.get("refused"):
-                        trial.refused.append(fix["refused"])
-                    elif not fix.get("applied"):
-                        trial.refused.append(f"no {NAMES[fix['name']]} was applied: line {fix['line']} built nothing")
-            ms = f"{trial.times[-1] * 1000:.1f} ms/step" if trial.times[-1] else "failed"
+            ms = f"{trial.times[-1] * 1000:.1f} ms/step" if trial.times[-1] else f"not measured ({problems[0]})"
             _say(f"round {r + 1}/{rounds}, {trial.label}: {ms} ({time.time() - started:.0f} s so far)")
         if stopped:
             break
@@ -281,6 +290,35 @@ def prove(
         document["patch"] = str(run_dir / "prove.patch")
     document["seconds"] = round(time.time() - started, 1)
     return document
+
+
+def _problems(status: dict) -> list[str]:
+    """Why a trial measured nothing: it failed, ended before its window did, or a fix of it was not applied."""
+    timed = status.get("trial") or {}
+    if status.get("error"):
+        return [status["error"]]
+    if not timed.get("complete") or not timed.get("steps"):
+        return ["the trial ended before its window did"]
+    found = []
+    for fix in timed.get("fixes") or []:
+        if fix.get("refused"):
+            found.append(f"{NAMES[fix['name']]} not applied: {fix['refused']}")
+        elif not fix.get("applied"):
+            found.append(
+                f"{NAMES[fix['name']]} not applied: line {fix['line']} built no dataset it applies to (it may pass "
+                "the setting already)"
+            )
+    return found
+
+
+def _without(candidates: list[Candidate], dropped: list[Candidate]) -> list[Candidate]:
+    """The candidates left, "all together" made again of them (or dropped, under two)."""
+    singles = [c for c in candidates if c not in dropped and c.label != "all together"]
+    together = [c for c in candidates if c.label == "all together"]
+    if together and len(singles) >= 2:
+        together[0].fixes = [f for c in singles for f in c.fixes]
+        return [*singles, together[0]]
+    return singles
 
 
 def _as_unproved(candidate: Candidate, why: str) -> Proof:
@@ -308,8 +346,14 @@ def _proof(candidate: Candidate, base: list[float | None], noise: float | None) 
     gains = [b / t for b, t in zip(base, candidate.times) if b and t]
     if candidate.refused and not gains:
         return Proof(**about, verdict=NOT_PROVED, estimated_gain=candidate.estimated_gain, why=candidate.refused[0])
-    if not gains:
-        return Proof(**about, verdict=NOT_PROVED, estimated_gain=candidate.estimated_gain, why="no round completed")
+    if len(gains) < 2 or noise is None:
+        why = (
+            f"{len(gains)} round(s) measured with it and {'an' if noise is not None else 'no'} A/A control: a proof "
+            "needs two rounds and two runs without a fix in adjacent rounds"
+        )
+        if candidate.refused:
+            why += f" ({candidate.refused[0]})"
+        return Proof(**about, verdict=NOT_PROVED, estimated_gain=candidate.estimated_gain, why=why)
     margin = max(0.03, noise or 0.0)
     gain = statistics.median(gains)
     if min(gains) > 1 + margin:

@@ -161,7 +161,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
         tmp = f"{path}.tmp"
         try:
             with open(tmp, "w") as out:
-                json.dump(self.status, out)
+                json.dump(self.status, out, default=str)  # never fail the script over a figure
             os.replace(tmp, path)
         except OSError:
             pass  # the status folder is gone: the parent no longer waits for it

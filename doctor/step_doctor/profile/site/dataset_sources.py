@@ -37,7 +37,7 @@ class Sources:
         self.nodes: list[dict] = []
         self.lock = threading.Lock()
         self.iterated = 0
-        self.pass_steps: int | None = None  # elements of one pass over the first dataset iterated (prove's window)
+        self.pass_steps: int | None = None  # elements of one pass over the longest dataset iterated (prove's window)
         self.skipped: dict[str, str] = {}  # package -> its folder, as the script imports them
 
     @property
@@ -78,8 +78,9 @@ class Sources:
                     if number is not None and "iterated" not in sources.nodes[number]:
                         sources.nodes[number]["iterated"] = sources.iterated
                         sources.iterated += 1
-                if sources.pass_steps is None and dataset is not None:
-                    sources.pass_steps = pass_steps(dataset)
+                found = pass_steps(dataset) if dataset is not None else None
+                if found is not None:  # the longest: a `for x in ds.take(1)` before fit must not set the window
+                    sources.pass_steps = max(found, sources.pass_steps or 0)
             except Exception:
                 pass
             init(iterator, dataset, *args, **kwargs)
@@ -145,7 +146,7 @@ def pass_steps(dataset) -> int | None:
     cannot count it."""
     divisor = 1
     for _ in range(64):
-        count = int(dataset.cardinality())
+        count = int(dataset.cardinality().numpy())
         if count >= 0:
             return -(-count // divisor)
         if count != -1:

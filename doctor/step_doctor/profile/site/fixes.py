@@ -82,6 +82,13 @@ class Fixes:
         return transformation
 
     def follow(self, index: int, fix: dict, dataset):
+        try:
+            return self._follow(index, fix, dataset)
+        except Exception as error:  # the script goes on without the fix; the trial says why
+            self.refused[index] = f"{type(error).__name__}: {error}"
+            return dataset
+
+    def _follow(self, index: int, fix: dict, dataset):
         if fix["name"] == "prefetch":
             self.applied[index] = self.applied.get(index, 0) + 1
             return dataset.prefetch(self.tf.data.AUTOTUNE)
@@ -94,7 +101,10 @@ class Fixes:
 
     def cache_refusal(self, dataset) -> str | None:
         """Why the dataset cannot be cached in memory here, or None."""
-        count = int(dataset.cardinality())
+        count = self.tf.get_static_value(dataset.cardinality())
+        if count is None:
+            return "it is built inside a traced function (graph mode), where its length cannot be read"
+        count = int(count)
         if count == -1:
             return "the dataset built at that line is infinite (a repeat() before it): cache the finite part"
         if count < 0:

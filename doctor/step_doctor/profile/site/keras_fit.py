@@ -59,6 +59,8 @@ class FitCapture:
             except TypeError:
                 return fit(model, *args, **kwargs)  # let Keras say what is wrong
             callbacks = bound.arguments.get("callbacks")
+            theirs = callbacks if isinstance(callbacks, (list, tuple)) else getattr(callbacks, "callbacks", None) or []
+            capture.status["callbacks"] = sorted({type(c).__name__ for c in theirs})  # prove refuses some
             own = capture.callback_class(package)()
             if callbacks is None or isinstance(callbacks, (list, tuple)):
                 capture.take_over_profilers(list(callbacks or []), model)

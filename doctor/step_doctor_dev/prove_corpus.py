@@ -1,0 +1,117 @@
+"""`python -m step_doctor_dev.prove_corpus`: the doctor's estimates against what `profile --prove` measures.
+
+Each planted case (tests/prove_me.py, and the Keras cases of the diagnose corpus, tests/user_pipelines.py)
+runs unmodified under `step-doctor profile --prove --json`, each in a folder of its own; the table
+lists, per case, the first cause and its estimate, then every fix prove measured: its estimate, the
+measured gain (median and spread of the rounds), the verdict, and the ratio measured / estimated
+(the calibration issue 38 keeps: within 25 % is what an estimate should reach). Written to
+<out>/prove.{json,md}, with the CPU it ran on and the load around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from step_doctor import files, machine
+from step_doctor.errors import UserError
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+CASES = (  # the corpus cases whose first fix prove can apply (the others need a change of code)
+    "prove_me",
+    "numpy_function_map",
+    "sequential_tf_map",
+    "no_prefetch",
+    "many_files_sequential",
+    "decode_map_no_prefetch",
+    "records_one_at_a_time",
+)
+
+
+def _command(case: str, data: Path) -> list[str]:
+    if case == "prove_me":
+        return [sys.executable, str(TESTS / "prove_me.py")]
+    return [sys.executable, str(TESTS / "user_pipelines.py"), case, str(data)]
+
+
+def run_case(case: str, data: Path, out: Path, rounds: int, allow: list[str]) -> dict:
+    where = out / case
+    where.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "step_doctor", "profile", "--json", "--prove", "--rounds", str(rounds)]
+    command += [a for name in allow for a in ("--allow", name)] + ["--logdir", "logs", "--", *_command(case, data)]
+    started = time.time()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=1800, env=env)
+    if done.returncode not in (0, 3):
+        tail = done.stderr.strip().splitlines()[-5:]
+        raise UserError(f"prove of {case} failed (status {done.returncode}): {' | '.join(tail)}")
+    document = json.loads(done.stdout)
+    run = next(iter(document["runs"].values()))
+    first = (run.get("recommendations") or [{}])[0]
+    return {
+        "case": case,
+        "first": first.get("cause"),
+        "first_estimate": first.get("estimated_gain"),
+        "proofs": document.get("prove", {}).get("each", []),
+        "together": document.get("prove", {}).get("together"),
+        "seconds": round(time.time() - started, 1),
+        "prove_seconds": document.get("prove", {}).get("seconds"),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| case | first cause (estimate) | fix measured | estimated | measured (rounds' spread) | verdict "
+        "| measured / estimated |",
+        "|---|---|---|---:|---:|---|---:|",
+    ]
+    for row in rows:
+        first = f"{row['first']} (x{row['first_estimate']:.2f})" if row["first"] else "none"
+        together = [row["together"]] if (row["together"] or {}).get("gain") else []
+        proofs = [p for p in row["proofs"] if p.get("gain")] + together
+        if not proofs:
+            why = "; ".join(p["why"] for p in row["proofs"] if p.get("why")) or "nothing to prove"
+            lines.append(f"| {row['case']} | {first} | - | - | - | {why} | - |")
+        for proof in proofs:
+            estimate = proof.get("estimated_gain")
+            ratio = f"{proof['gain'] / estimate:.2f}" if estimate else "-"
+            shown = f"x{estimate:.2f}" if estimate else "-"
+            measured = f"x{proof['gain']:.2f} (x{proof['low']:.2f}-x{proof['high']:.2f})"
+            cells = [row["case"], first, proof["label"], shown, measured, proof["verdict"], ratio]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/prove-corpus"))
+    parser.add_argument("--cases", nargs="*", default=list(CASES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--allow", action="append", default=["order"])
+    args = parser.parse_args(argv)
+    args.out = args.out.resolve()
+    data = args.out / "files"
+    if any(case != "prove_me" for case in args.cases) and not (data / "paths.txt").exists():
+        subprocess.run([sys.executable, str(TESTS / "user_pipelines.py"), "--make-files", str(data)], check=True)
+    before = os.getloadavg()
+    rows = []
+    for case in args.cases:
+        rows.append(run_case(case, data, args.out, args.rounds, args.allow))
+        print(f"{case}: {rows[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
+    bf16 = "with" if machine.cpu_bf16() else "without"
+    cpu = f"{machine.cpu_model()} ({bf16} bfloat16 units, {os.cpu_count()} cores)"
+    result = {"cpu": cpu, "load_average": {"before": before, "after": os.getloadavg()}, "rows": rows}
+    files.write_json(args.out / "prove.json", result)
+    text = f"On {cpu}; load average {before[0]:.2f} before, {os.getloadavg()[0]:.2f} after.\n\n" + table(rows)
+    (args.out / "prove.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
