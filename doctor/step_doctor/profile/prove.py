@@ -143,41 +143,21 @@ def window(step_ms: float, status: dict, candidates: list[Candidate]) -> tuple[t
 
 
 def _drop_long_caches(candidates: list[Candidate], status: dict, step_ms: float) -> list[Proof]:
-    """A cache whose first pass takes longer than LONGEST_PASS_S at the profiled step time is not tried."""
+    """A cache whose first pass takes longer than LONGEST_PASS_S at the profiled step time is not tried; "all
+    together" is made again of the fixes left (_without)."""
     passed = status.get("pass_steps")
-    refused = []
-    for candidate in list(candidates):
-        if not any(f["name"] == "cache" for f in candidate.fixes):
-            continue
-        why = None
-        if not isinstance(passed, int) or passed <= 0:
-            why = "tf.data cannot count one pass over the data, so when the cache would be full cannot be told"
-        elif passed * step_ms / 1000 > LONGEST_PASS_S:
-            why = (
-                f"one pass over the data takes {passed} steps (about {passed * step_ms / 1000:.0f} s), longer than "
-                f"the {LONGEST_PASS_S:.0f} s a trial may spend before its window"
-            )
-        if why:
-            candidates.remove(candidate)
-            if candidate.label != "all together":
-                refused.append(
-                    Proof(
-                        candidate.label,
-                        ("cache",),
-                        tuple(candidate.causes),
-                        tuple(candidate.stages),
-                        NOT_PROVED,
-                        estimated_gain=candidate.estimated_gain,
-                        why=why,
-                    )
-                )
-    together = [c for c in candidates if c.label == "all together"]
-    singles = [c for c in candidates if c.label != "all together"]
-    if together and len(singles) < 2:
-        candidates.remove(together[0])
-    elif together:
-        together[0].fixes = [f for c in singles for f in c.fixes]
-    return refused
+    if not isinstance(passed, int) or passed <= 0:
+        why = "tf.data cannot count one pass over the data, so when the cache would be full cannot be told"
+    elif passed * step_ms / 1000 > LONGEST_PASS_S:
+        why = (
+            f"one pass over the data takes {passed} steps (about {passed * step_ms / 1000:.0f} s), longer than "
+            f"the {LONGEST_PASS_S:.0f} s a trial may spend before its window"
+        )
+    else:
+        return []
+    dropped = [c for c in candidates if c.label != "all together" and any(f["name"] == "cache" for f in c.fixes)]
+    candidates[:] = _without(candidates, dropped)
+    return [_as_unproved(c, why) for c in dropped]
 
 
 def run_trial(command: list[str], fixes: list[dict], steps: tuple[int, int], log: Path, timeout: float) -> dict:
