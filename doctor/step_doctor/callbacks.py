@@ -20,6 +20,8 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from step_doctor.process_cpu import Window
+
 
 class StepCallback(keras.callbacks.Callback):
     """Override `step_begin()` and `step_end(steps, logs)`; `self.step` and `self.epoch` are kept here."""
@@ -65,6 +67,7 @@ class StepTraceProfiler(StepCallback):
         self.traced = 0
         self._state = "waiting"  # waiting -> active -> done
         self._trace = None
+        self._cpu = Window()  # the process CPU of the window, beside the profile (the doctor's estimates read it)
 
     def step_begin(self):
         # Starting and stopping the profiler happen here, before StepTimer reads its clock.
@@ -73,6 +76,7 @@ class StepTraceProfiler(StepCallback):
         if self._state == "waiting" and self.step >= self.start_step:
             tf.profiler.experimental.start(self.logdir)
             self._state = "active"
+            self._cpu.start()
         if self._state == "active":
             self._trace = tf.profiler.experimental.Trace("train", step_num=self.step, _r=1)
             self._trace.__enter__()
@@ -88,5 +92,7 @@ class StepTraceProfiler(StepCallback):
             self._stop()
 
     def _stop(self):
+        self._cpu.stop()
         tf.profiler.experimental.stop()
         self._state = "done"
+        self._cpu.write(self.logdir)

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from step_doctor.diagnose import input_wait as iw
 from step_doctor.diagnose import stages as st
+from step_doctor.diagnose.cpu_budget import Budget, ProcessCpu
 from step_doctor.diagnose.recommendation import Causes, ms, pct
 from step_doctor.diagnose.stalls import left_out, working_step
 from step_doctor.diagnose.wait_record import InputWait, Stage, StageFunctions
@@ -24,6 +26,7 @@ class Pipeline:
     wait: InputWait
     cpu_only: bool
     causes: Causes
+    cpu: ProcessCpu | None = None  # what the process used over the profile's window, where it was recorded
 
     @property
     def stages(self) -> tuple[Stage, ...]:
@@ -45,6 +48,22 @@ class Pipeline:
     @property
     def cores(self) -> int:
         return self.wait.cpu_budget or ASSUMED_CORES
+
+    @cached_property
+    def budget(self) -> Budget:
+        """The step's core-ms against its cores (diagnose/cpu_budget.py)."""
+        step, cores = self.step, (self.cpu.cores if self.cpu else self.cores)
+        work = sum(s.functions.work_ms for s in self.stages if s.functions)
+        if self.cpu:
+            used, measured = self.cpu.cpu_s / self.cpu.wall_s * step, True
+        else:
+            used, measured = min(work + self.wait.compute_ms + self.wait.overhead_ms, cores * step), False
+        device = self.wait.device.busy_ms if self.wait.device and not self.cpu_only else 0.0
+        return Budget(step, self.other_ms, cores, used, measured, device, work + self.other_ms)
+
+    def removes(self, wait_ms: float = 0.0, work_ms: float = 0.0) -> float:
+        """The step time a fix removes that shortens the wait by `wait_ms` and removes `work_ms` core-ms."""
+        return self.budget.removes(wait_ms, work_ms)
 
     @property
     def cores_note(self) -> str:
@@ -136,8 +155,29 @@ class Blame:
 
     @property
     def spread_over_cores(self) -> float:
-        """What spreading this stage's work over the pipeline's cores would remove."""
+        """The wait that spreading this stage's work over the pipeline's cores would remove."""
         return self.worked * max(1 - self.concurrency / self.pipeline.cores, 0.0)
+
+    @property
+    def spread(self) -> float:
+        """The step time spreading the work removes, within the cores' budget (no work leaves)."""
+        return self.pipeline.removes(self.spread_over_cores)
+
+    @cached_property
+    def work_below(self) -> float:
+        """The core-ms per step of this stage's function and every stage under it (their functions, the readers):
+        the work a cache after it removes from every epoch after the first."""
+        head = self.head
+        found = 0.0
+        for s in self.pipeline.stages:
+            if s is head or st.under(s.path, head.path):
+                found += s.functions.work_ms if s.functions else (s.busy_ms if s.kind in iw.READERS else 0.0)
+        return found
+
+    @property
+    def cached(self) -> float:
+        """The step time a cache after this stage removes: its wait, and its work from the cores."""
+        return self.pipeline.removes(self.worked, self.work_below)
 
     def add(self, cause, title, removes_ms, evidence, fix, caveat=None, removes=None) -> None:
         self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head.path, removes=removes)
@@ -145,9 +185,16 @@ class Blame:
     @property
     def cache_line(self) -> str:
         element = st.element_bytes(self.head)
+        repeated = any("Repeat" in s.kind and st.under(s.path, self.head.path) for s in self.pipeline.stages)
         return (
             "its ops are deterministic (no augmentation op ran), so `.cache()` right after it keeps its output and "
             "removes it from every epoch after the first"
+            + (
+                " (it reads a repeat(), so cache before the repeat: `ds.map(f).cache().repeat()` for "
+                "`ds.repeat().map(f)`, the same elements in the same order)"
+                if repeated
+                else ""
+            )
             + (
                 f" ({element / 1e6:.2f} MB per element in memory; `.cache(filename)` writes to disk instead)"
                 if element

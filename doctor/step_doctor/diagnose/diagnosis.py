@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from step_doctor.diagnose.cpu_budget import Budget
 from step_doctor.diagnose.device import DeviceView
 from step_doctor.diagnose.profile_record import Profile
-from step_doctor.diagnose.recommendation import Recommendation
+from step_doctor.diagnose.recommendation import Recommendation, Together
 
 UNREADABLE = "unreadable"
 
@@ -31,6 +32,8 @@ class RunDiagnosis:
     how_to_capture: str | None  # how to add step markers, where the profile has none
     unmeasured: str | None  # why the input share is not measured, where it is not
     notes: tuple[str, ...]
+    budget: Budget | None = None  # the step's core-ms against its cores, which the estimates respect
+    together: Together | None = None  # the speed fixes estimated together
 
     @property
     def steps_inferred(self) -> bool:
@@ -47,6 +50,8 @@ class RunDiagnosis:
             "how_to_capture": self.how_to_capture,
             "unmeasured": self.unmeasured,
             "notes": list(self.notes),
+            "cpu_budget": self.budget.to_json() if self.budget else None,
+            "together": self.together.to_json() if self.together else None,
         }
 
 

@@ -16,15 +16,17 @@ from collections.abc import Sequence
 from step_doctor.diagnose import input_wait as iw
 from step_doctor.diagnose import stages as st
 from step_doctor.diagnose.blame import Blame, Pipeline
+from step_doctor.diagnose.cpu_budget import ProcessCpu
 from step_doctor.diagnose.recommendation import CORRECTNESS, Causes, gain, ms, pct
 from step_doctor.diagnose.wait_record import InputWait, Stage, Wait
 
 
-def input_causes(wait: Wait, cpu_only: bool, causes: Causes) -> None:
-    """Add the input pipeline's causes of one profile to `causes`."""
+def input_causes(wait: Wait, cpu_only: bool, causes: Causes, cpu: ProcessCpu | None = None) -> None:
+    """Add the input pipeline's causes of one profile to `causes`; `cpu` what the process used over the profile's
+    window, where it was recorded (the estimates' budget: diagnose/cpu_budget.py)."""
     if not isinstance(wait, InputWait) or not wait.measured:
         return
-    p = Pipeline(wait, cpu_only, causes)
+    p = Pipeline(wait, cpu_only, causes, cpu)
     for unit in st.units(p.stages):
         blocking_stage(Blame(unit, p))
     for s in p.stages:
@@ -65,7 +67,7 @@ def python_generator(b: Blame) -> None:
     b.add(
         "python-generator",
         "Python generator (from_generator) feeds the pipeline",
-        b.spread_over_cores,
+        b.spread,
         f"{b.text}: Dataset.from_generator runs your Python one element at a time; " + st.function_line(b.fn),
         "Produce the examples with tf.data ops instead of Python, e.g. "
         "`tf.data.Dataset.from_tensor_slices(paths).map(load, num_parallel_calls=tf.data.AUTOTUNE)` with `load` "
@@ -115,7 +117,7 @@ def python_tokenization(b: Blame) -> None:
     b.add(
         "python-tokenization",
         "Python tokenization feeds the pipeline",
-        b.ms,
+        b.pipeline.removes(b.ms, b.work_below),
         f"{b.text}: its elements are integer sequences ({st.token_ids(b.head)}: token ids of a text model) made in "
         f"Python: {python_tokenizer(b)}; " + st.function_line(b.fn, b.parallelism),
         TOKENIZE_ONCE,
@@ -131,7 +133,7 @@ def sequential_file_reads(b: Blame, reader: Stage) -> None:
     b.add(
         "sequential-file-reads",
         "Files are read one after another",
-        b.ms * (1 - 1 / b.pipeline.cores),
+        b.pipeline.removes(b.ms * (1 - 1 / b.pipeline.cores)),
         f"{b.text}: {reader.kind} readers inside {b.head.kind} opened {reader.instances} file(s) during the "
         f"profile and read them one after another on one thread ({ms(reader.busy_ms)} of reading per step)",
         "Read several files at once: `tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)`, or "
@@ -149,7 +151,7 @@ def slow_file_reads(b: Blame, reader: Stage) -> None:
     b.add(
         "slow-file-reads",
         "Reading files is slow even in parallel",
-        b.ms,
+        b.pipeline.removes(b.ms, b.work_below),
         f"{b.text}: {reader.kind} readers under {b.head.kind} read {reader.instances} file(s) on "
         f"{reader.threads} threads",
         "Read once and keep: `.cache()` after decoding (or `.cache(filename)` on local disk), fewer and larger "
@@ -163,7 +165,7 @@ def slow_stage(b: Blame) -> None:
     b.add(
         "slow-stage",
         f"The {b.head.kind} stage holds the step",
-        b.ms * 0.5,
+        b.pipeline.removes(b.ms * 0.5),
         f"{b.text}, work of its own (no function of yours ran in it)",
         "Measure that stage alone (iterate the dataset without the model) and move it before `.cache()` or after "
         "`.batch()` so it runs once per batch. In this template: `python -m train bench` compares pipelines.",
@@ -177,7 +179,7 @@ def python_in_map(b: Blame) -> None:
     b.add(
         "python-in-map",
         "Python inside a map (tf.py_function / tf.numpy_function)",
-        b.spread_over_cores,
+        b.spread,
         f"{b.text}: {b.shares['python']:.0%} of its op time is Python (PyFunc ops: tf.py_function / "
         "tf.numpy_function); "
         + b.ran
@@ -195,13 +197,18 @@ def python_in_map(b: Blame) -> None:
 
 
 def sequential_map(b: Blame) -> None:
-    step, parallel_gain = b.pipeline.step, b.spread_over_cores
-    options = [(parallel_gain, "`.map(f, num_parallel_calls=tf.data.AUTOTUNE)`")]
-    removes = {"parallel-calls": parallel_gain}
+    step, budget = b.pipeline.step, b.pipeline.budget
+    parallel = (
+        b.spread,
+        f"Write `.map(f, num_parallel_calls=tf.data.AUTOTUNE)` (removes about {ms(b.spread)} per step here: "
+        f"{gain(step, b.spread):.2f}x)",
+    )
+    options = [parallel]
+    removes = {"parallel-calls": b.spread}
     if b.deterministic:
-        options.append((b.worked, b.cache_line))
-        removes["cache"] = b.worked
-    best = max(options, key=lambda o: o[0])
+        options.append((b.cached, f"{b.cache_line} (up to {ms(b.cached)} per step: {gain(step, b.cached):.2f}x)"))
+        removes["cache"] = b.cached
+    options.sort(key=lambda o: -o[0])  # the fix that gains most first: one the cores cannot use is not
     rescued = (
         f"tf.data parallelized it itself (map parallelization; parallelism {b.parallelism}), so on these cores "
         "`num_parallel_calls` adds little here but keeps it parallel where that optimization does not apply and "
@@ -209,22 +216,24 @@ def sequential_map(b: Blame) -> None:
         if b.concurrency >= 1.3
         else "so one call runs at a time"
     )
-    fix = (
-        f"Write `.map(f, num_parallel_calls=tf.data.AUTOTUNE)` (removes about {ms(parallel_gain)} per step here: "
-        f"{gain(step, parallel_gain):.2f}x)."
+    busy = (
+        f"; the cores are {budget.busy:.0%} busy, so spreading the work gains little here and doing less of it "
+        "(a cache) gains what it frees"
+        if budget.saturated
+        else ""
     )
-    if b.deterministic:
-        fix += f" Then: {b.cache_line} (up to {ms(b.worked)} per step: {gain(step, b.worked):.2f}x)."
+    fix = ". Then: ".join(text[0].upper() + text[1:] if i == 0 else text for i, (_, text) in enumerate(options)) + "."
     fix += " In this template: pipeline.parallel_calls: auto" + (", pipeline.cache: auto." if b.deterministic else ".")
     b.add(
         "sequential-map",
         "A map written without num_parallel_calls",
-        best[0],
-        f"{b.text}: a map written without num_parallel_calls (MapDataset), {rescued}; {b.ran}",
+        options[0][0],
+        f"{b.text}: a map written without num_parallel_calls (MapDataset), {rescued}; {b.ran}{busy}",
         fix,
-        f"Estimate for parallel calls: the work spread over {b.pipeline.cores_note}. On a CPU-only profile the map "
-        "and the model share those cores, so whether the map is slow by itself or starved by the model cannot be "
-        "told apart here." + b.counted,
+        f"Estimate: parallel calls spread the work over {b.pipeline.cores_note}, a cache removes its "
+        f"{ms(b.work_below)} of CPU per step; both within the cores' budget: {budget.words}. On a CPU-only profile "
+        "the map and the model share those cores, so whether the map is slow by itself or starved by the model "
+        "cannot be told apart here." + b.counted,
         removes=removes,
     )
 
@@ -233,7 +242,7 @@ def slow_augmentation(b: Blame) -> None:
     b.add(
         "slow-augmentation",
         "Per-example augmentation is slower than the model",
-        b.worked,
+        b.pipeline.removes(b.worked, b.fn.ops_ms.get("augmentation", 0.0)),
         f"{b.text}: {b.shares['augmentation']:.0%} of its op time is augmentation, applied per example; {b.ran}",
         "Augment whole batches: `.batch(256).map(augment_batch, num_parallel_calls=tf.data.AUTOTUNE)` with ops "
         "that take a batch (one op call per batch instead of one per image), or move augmentation into the "
@@ -254,7 +263,7 @@ def decode_every_epoch(b: Blame) -> None:
     b.add(
         "decode-every-epoch",
         "Decoding every example every epoch",
-        b.worked,
+        b.cached,
         f"{b.text}: {b.shares['decode']:.0%} of its op time decodes; {b.ran}",
         "`.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()` keeps decoded examples after the first "
         "epoch; if they do not fit in memory, decode at reduced size (`tf.io.decode_jpeg(data, ratio=2)`, "
@@ -284,11 +293,11 @@ def heavy_map(b: Blame) -> None:
     b.add(
         "heavy-map",
         "A map does more work than the model",
-        b.worked if b.deterministic else b.spread_over_cores,
+        b.cached if b.deterministic else b.spread,
         f"{b.text}: {b.ran}",
         fix,
         "Estimate: " + caveat + b.counted,
-        removes={"cache": b.worked} if b.deterministic else {"parallel-calls": b.spread_over_cores},
+        removes={"cache": b.cached} if b.deterministic else {"parallel-calls": b.spread},
     )
 
 
@@ -309,7 +318,7 @@ def shuffle_buffer_refill(s: Stage, p: Pipeline) -> None:
     p.causes.add(
         "shuffle-buffer-refill",
         "A shuffle buffer of expensive elements is refilled",
-        max(s.fill_ms - redone, 0.0),
+        p.removes(max(s.fill_ms - redone, 0.0)),
         f"{ms(s.fill_ms)} per step ({pct(s.fill_ms, p.step)} of step time) waits while {st.name(s)} fills "
         f"its buffer of {s.params.get('buffer_size', '?')} elements: {s.fills} fill(s) in the profile (each new "
         f"iterator, e.g. every epoch), {s.pulled_per_fill:.0f} elements pulled one by one"
@@ -337,7 +346,7 @@ def _shuffle_of_python_tokens(s: Stage, p: Pipeline, tokenizer: Stage, work: str
     p.causes.add(
         "shuffle-buffer-refill",
         "A shuffle buffer is refilled from Python tokenization",
-        s.fill_ms,
+        p.removes(s.fill_ms),
         f"{ms(s.fill_ms)} per step ({pct(s.fill_ms, p.step)} of step time) waits while {st.name(s)} fills "
         f"its buffer of {s.params.get('buffer_size', '?')} elements: {s.fills} fill(s) in the profile (each new "
         f"iterator, e.g. every epoch), {s.pulled_per_fill:.0f} elements pulled one by one through {work}, "
@@ -404,7 +413,7 @@ def no_prefetch(p: Pipeline) -> None:
     p.causes.add(
         "no-prefetch",
         "Nothing runs ahead of the model (no prefetch)",
-        min(above, p.other_ms),
+        p.removes(min(above, p.other_ms)),
         f"{where}: the stage the model reads from, {st.name(top)}, is synchronous, so every batch is produced while "
         f"the model waits: {ms(above)} per step, against {ms(p.other_ms)} of step that could overlap it",
         "End the pipeline with `.prefetch(tf.data.AUTOTUNE)`. In this template: pipeline.prefetch: auto.",

@@ -52,9 +52,13 @@ class Recommendation:
     estimates: dict[str, float] | None = None  # where the fix offers several: each one's estimated gain, by the name
     # profile --prove applies it under (parallel-calls, cache, ...)
     proofs: tuple[Proof, ...] = ()  # what `profile --prove` measured for its fixes, where it tested them
+    frees: tuple[float, float] | None = None  # (wait ms, core-ms) its fix removes per step, where the estimate was
+    # made within the cores' budget (cpu_budget.py): how fixes are estimated together; not written out
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        found = dataclasses.asdict(self)
+        del found["frees"]
+        return found
 
 
 class Causes:
@@ -80,8 +84,31 @@ class Causes:
                 caveat=caveat,
                 stage=stage,
                 estimates={name: gain(step, ms) for name, ms in removes.items()} if removes else None,
+                frees=(removes_ms.wait_ms, removes_ms.work_ms) if hasattr(removes_ms, "work_ms") else None,
             )
         )
+
+
+@dataclass(frozen=True)
+class Together:
+    """The speed fixes of the ranked list estimated together, within the cores' budget (cpu_budget.Budget.together)."""
+
+    causes: tuple[str, ...]
+    removes_ms: float
+    estimated_gain: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def together(ranked: list[Recommendation], budget, step_ms: float, input_ms: float) -> Together | None:
+    """The speed fixes of `ranked` whose estimates were made within `budget`, estimated together; None for fewer
+    than two."""
+    fixes = [r for r in ranked if r.kind == SPEED and r.frees is not None]
+    if len(fixes) < 2:
+        return None
+    removed = budget.together([(r.stage, *r.frees) for r in fixes], input_ms)
+    return Together(tuple(r.cause for r in fixes), round(removed, 3), gain(step_ms, removed))
 
 
 def rank(found: list[Recommendation]) -> list[Recommendation]:

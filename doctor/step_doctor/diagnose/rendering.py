@@ -158,6 +158,17 @@ def _recommendations(recommendations: tuple[Recommendation, ...]) -> list[str]:
     return lines
 
 
+def _together(item: RunDiagnosis) -> list[str]:
+    """The speed fixes estimated together, and the budget every estimate kept within."""
+    lines = []
+    if item.together:
+        both = item.together
+        lines.append(f"  together: {' + '.join(both.causes)}, estimated gain {both.estimated_gain:.2f}x")
+    if item.budget and item.recommendations:
+        lines.append(f"  estimates within the cores' budget: {item.budget.words}.")
+    return lines
+
+
 def _built_at(rec: Recommendation) -> list[str]:
     where = rec.built_at
     return [f"     built at: {where.short()}: {where.code}"] if where else []
@@ -208,7 +219,7 @@ def _run(item: Run) -> list[str]:
     lines += [f"  {line}" for line in [xla.summary(wait)] if line]
     if profile.has_step_markers and profile.conclusion:
         lines.append(f"  xprof: {profile.conclusion}")
-    lines += _recommendations(item.recommendations) + _latent(item.latent)
+    lines += _recommendations(item.recommendations) + _together(item) + _latent(item.latent)
     lines += [f"  {note}" for note in item.notes]
     if item.how_to_capture:
         lines.append(f"  {item.how_to_capture}")

@@ -21,12 +21,17 @@ from pathlib import Path
 import yaml
 
 from step_doctor.diagnose import analysis, xla
+from step_doctor.diagnose.blame import Pipeline
+from step_doctor.diagnose.cpu_budget import ProcessCpu
 from step_doctor.diagnose.dataset_sources import Sources
 from step_doctor.diagnose.device import DeviceView, run_record, view
 from step_doctor.diagnose.diagnosis import Diagnosis, Run, RunDiagnosis, UnreadableRun
 from step_doctor.diagnose.profile_record import Profile
 from step_doctor.diagnose.proofs import Proofs
 from step_doctor.diagnose.ranked_causes import latent, recommendations
+from step_doctor.diagnose.recommendation import Causes
+from step_doctor.diagnose.recommendation import together as together_of
+from step_doctor.diagnose.stalls import working_step
 from step_doctor.diagnose.structural import padding_share
 from step_doctor.diagnose.verdict import verdict
 from step_doctor.diagnose.wait_record import InputWait
@@ -47,7 +52,7 @@ HOW_TO_CAPTURE_JAX = (
 CPU_ONLY_NOTE = (
     "CPU-only profile: the input pipeline and the model share the same cores, so a stage that looks slow may be "
     "starved by the model, and overlap (prefetch, parallel calls) gains less here than on a GPU host; estimates "
-    "assume the cores a fix needs are free."
+    "keep within the cores' budget (below the fixes), and a fix that removes work frees cores for the model too."
 )
 
 
@@ -105,8 +110,15 @@ def diagnose_run(profile: Profile, session: Path) -> RunDiagnosis:
     """One run's diagnosis, from its profile and the records beside it (summary.json, config.yaml)."""
     record = run_record(session)
     device, padding = view(profile, record), padding_share(record)
-    ranked = recommendations(profile, _run_config(session), device, padding)
-    found = latent(profile, ranked, device, padding)
+    cpu = ProcessCpu.beside(session)  # what the process used over the profile's window, where it was recorded
+    ranked = recommendations(profile, _run_config(session), device, padding, cpu)
+    found = latent(profile, ranked, device, padding, cpu)
+    budget = together = None
+    wait = profile.wait
+    if isinstance(wait, InputWait) and wait.measured and profile.step_time_ms:
+        pipeline = Pipeline(wait, device.cpu_only, Causes(working_step(wait)), cpu)
+        budget = pipeline.budget
+        together = together_of(ranked, budget, pipeline.step, pipeline.input_ms)
     sources = Sources.beside(session)
     if sources is not None:  # `step-doctor profile` recorded where the script built its datasets
         lines = sources.lines(s.path for s in profile.wait.stages) if isinstance(profile.wait, InputWait) else {}
@@ -123,6 +135,8 @@ def diagnose_run(profile: Profile, session: Path) -> RunDiagnosis:
         how_to_capture=None if profile.has_step_markers else _how_to_capture(profile),
         unmeasured=None if profile.input_bound_percent is not None else profile.wait.reason,
         notes=tuple(notes(profile, device)),
+        budget=budget,
+        together=together,
     )
 
 

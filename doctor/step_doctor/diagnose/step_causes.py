@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from step_doctor.diagnose import analysis, xla
+from step_doctor.diagnose.cpu_budget import Removal
 from step_doctor.diagnose.profile_record import Profile, StepBreakdown
 from step_doctor.diagnose.recommendation import Causes, ms, pct
 from step_doctor.diagnose.stalls import left_out, working_step
@@ -33,10 +34,11 @@ def per_step_overhead(wait: InputWait, causes: Causes) -> None:
         f"for input nor running the model's ops{compiled} (Python, Keras callbacks, dispatching the step)"
     )
     if batch and batch < TARGET_BATCH:
+        saved = overhead * (1 - batch / TARGET_BATCH)  # Python on the step's own thread: time and core-ms alike
         causes.add(
             "small-batch",
             f"Batches of {batch} make per-step overhead dominate" if overhead > step / 2 else f"Batch of {batch}",
-            overhead * (1 - batch / TARGET_BATCH),
+            Removal(saved, saved, saved),
             f"{figures}: a cost paid every {batch} examples",
             f"`.batch({TARGET_BATCH})` (scale the learning rate with the batch); where memory does not allow it, run "
             f"several steps per call: `model.compile(..., steps_per_execution={SPE})`. In this template: "
@@ -45,10 +47,11 @@ def per_step_overhead(wait: InputWait, causes: Causes) -> None:
             "else growing with the batch; larger batches also use the device better, which this does not count.",
         )
     else:
+        saved = overhead * (1 - 1 / SPE)
         causes.add(
             "per-step-overhead",
             "Per-step overhead",
-            overhead * (1 - 1 / SPE),
+            Removal(saved, saved, saved),
             figures,
             (
                 f"Run several steps per call: with Keras, `model.compile(..., steps_per_execution={SPE})`; in a JAX "

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from step_doctor.diagnose import input_wait as iw
 from step_doctor.diagnose import stages as st
 from step_doctor.diagnose.blame import Blame, Pipeline
+from step_doctor.diagnose.cpu_budget import ProcessCpu
 from step_doctor.diagnose.input_causes import (
     decode_every_epoch,
     no_prefetch,
@@ -48,11 +49,13 @@ COVERS = {  # a structural fix -> the recommendations that already make it for t
 }
 
 
-def structural_fixes(wait: Wait, cpu_only: bool, listed: list[Recommendation]) -> list[Recommendation]:
+def structural_fixes(
+    wait: Wait, cpu_only: bool, listed: list[Recommendation], cpu: ProcessCpu | None = None
+) -> list[Recommendation]:
     """The structural fixes of an input-bound run's pipeline that `listed` does not make, most time removed first."""
     if not isinstance(wait, InputWait) or not wait.measured:
         return []
-    p = Pipeline(wait, cpu_only, Causes(working_step(wait)))
+    p = Pipeline(wait, cpu_only, Causes(working_step(wait)), cpu)
     no_prefetch(p)
     running_ahead_at_root(p)
     for s in p.stages:
@@ -139,9 +142,11 @@ def production(wait: InputWait) -> tuple[float, str]:
     return most, f"{st.name(busiest)} is busy that long per batch"
 
 
-def latent_fixes(wait: InputWait, cpu_only: bool, listed: list[Recommendation]) -> list[Recommendation]:
+def latent_fixes(
+    wait: InputWait, cpu_only: bool, listed: list[Recommendation], cpu: ProcessCpu | None = None
+) -> list[Recommendation]:
     """The structural fixes of a run that is not input-bound: what each costs here, and where the step is faster."""
-    found = structural_fixes(wait, cpu_only, listed)
+    found = structural_fixes(wait, cpu_only, listed, cpu)
     if not found:
         return []
     step = working_step(wait)

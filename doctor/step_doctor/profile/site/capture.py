@@ -31,11 +31,13 @@ import threading
 import time
 
 
-def _sibling(name: str):
-    """A module of this folder, which is a sys.path entry in the child, not a package: loaded by its path."""
+def _sibling(name: str, folder: str = "."):
+    """A module of this folder (or of `folder` relative to it), which is a sys.path entry in the child, not a package:
+    loaded by its path."""
     private = f"_step_doctor_profile_{name}"
     if private not in sys.modules:
-        spec = importlib.util.spec_from_file_location(private, os.path.join(os.path.dirname(__file__), f"{name}.py"))
+        where = os.path.join(os.path.dirname(__file__), folder, f"{name}.py")
+        spec = importlib.util.spec_from_file_location(private, where)
         module = importlib.util.module_from_spec(spec)
         sys.modules[private] = module
         spec.loader.exec_module(module)
@@ -47,6 +49,7 @@ jax_capture = _sibling("jax_capture")
 consume_fix = _sibling("consume_fix")
 dataset_sources = _sibling("dataset_sources")
 fixes = _sibling("fixes")
+process_cpu = _sibling("process_cpu", "../..")  # step_doctor/process_cpu.py, shared with callbacks.py
 DEFAULT_STEPS, TRAINERS = keras_fit.DEFAULT_STEPS, keras_fit.TRAINERS
 
 ENV = "STEP_DOCTOR_PROFILE"
@@ -128,6 +131,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
         self.lock = threading.RLock()
         self.callback_classes: dict = {}
         self.sources = dataset_sources.Sources()
+        self.cpu = process_cpu.Window()  # the process CPU of the window, for the estimates
         self.trial = settings.get("trial")  # a trial of `profile --prove`: time the window with fixes applied, exit
         self.fixes = None
         self.status = {
@@ -239,6 +243,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
             self.save()
             return
         self.state = "active"
+        self.cpu.start()
         self.status["capture"] = {"state": "active", "at": where, "started_at": time.time(), "profiler": self.session}
         self.save()
 
@@ -253,6 +258,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
             capture = self.status["capture"]
             if self.session == "trial":
                 return self.end_trial(capture, why)
+            self.cpu.stop()
             capture.update(state="stopping", stopped_at=time.time(), why=why, last_step=self.status_steps())
             # Saved first: a process that dies inside TensorFlow's stop (TensorFlow's crash under
             # MultiWorkerMirroredStrategy where its fix is not loaded: consume_fix.py) leaves "stopping" behind, which
@@ -287,9 +293,12 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
             os._exit(0)
 
     def write_sources(self) -> None:
-        """The lines that built the datasets, beside the profile (a run that captured nothing needs none)."""
+        """The lines that built the datasets and the window's process CPU, beside the profile (a run that captured
+        nothing needs none)."""
         if os.getpid() == self.pid and self.status["capture"] and self.status["capture"].get("state") == "done":
-            self.sources.write(os.path.join(self.settings["logdir"], self.status["run"]))
+            run_dir = os.path.join(self.settings["logdir"], self.status["run"])
+            self.sources.write(run_dir)
+            self.cpu.write(run_dir)
 
     def status_steps(self) -> int:
         return self.step - 1 if self.fit_used else self.calls.get(self.loop_function, 0) - 1

@@ -1,0 +1,69 @@
+"""The cores' budget the estimates keep within (diagnose/cpu_budget.py), on figures written here.
+
+What each fix gains is measured by `profile --prove` (test_prove.py, `make bench-prove`); these tests pin
+the arithmetic the estimates rest on: a busy host gains nothing from overlap, removing work frees the cores
+it took, fixes on one stage are not counted twice, and a record beside the profile is read or refused.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from step_doctor.diagnose.cpu_budget import Budget, ProcessCpu
+from step_doctor.diagnose.recommendation import gain
+
+
+def busy_host() -> Budget:
+    # a 10 ms step on 2 cores using 19 of their 20 core-ms: 6 ms of it waits for a map whose calls ran 14 core-ms
+    return Budget(step_ms=10.0, rest_ms=4.0, cores=2, core_ms=19.0, measured=True, traced_ms=18.0)
+
+
+def test_on_a_busy_host_overlap_gains_nothing_and_removing_work_gains_the_cores_it_frees():
+    budget = busy_host()
+    assert budget.saturated
+    assert budget.step_after(wait_ms=6.0) == pytest.approx(9.5)  # the cores bound it: 19 core-ms over 2
+    after = budget.step_after(wait_ms=6.0, work_ms=14.0)  # a cache after the map
+    assert after == pytest.approx((19.0 - 14.0) / 2)  # the rest speeds up too, to what the cores leave
+    assert gain(10.0, budget.removes(6.0, 14.0)) == pytest.approx(4.0, abs=0.01)
+
+
+def test_on_an_idle_host_the_wait_removed_is_the_gain():
+    idle = Budget(step_ms=10.0, rest_ms=4.0, cores=2, core_ms=8.0, measured=True)  # a sleeping Python function
+    assert not idle.saturated
+    assert idle.step_after(wait_ms=6.0) == pytest.approx(4.0)
+    assert idle.removes(6.0) == pytest.approx(6.0) and idle.removes(6.0).wait_ms == 6.0
+
+
+def test_traced_work_beyond_the_process_cpu_is_deflated_and_a_device_bounds_the_step():
+    budget = Budget(step_ms=10.0, rest_ms=4.0, cores=2, core_ms=18.0, measured=True, traced_ms=24.0)
+    assert budget.deflation == pytest.approx(0.75)  # threads timed while they waited for a core
+    assert budget.step_after(wait_ms=6.0, work_ms=16.0) == pytest.approx((18.0 - 12.0) / 2)
+    unmeasured = Budget(step_ms=10.0, rest_ms=4.0, cores=2, core_ms=18.0, measured=False, traced_ms=24.0)
+    assert unmeasured.deflation == 1.0  # a lower bound from the trace itself deflates nothing
+    on_gpu = Budget(step_ms=10.0, rest_ms=4.0, cores=8, core_ms=20.0, measured=True, floor_ms=7.0)
+    assert on_gpu.step_after(wait_ms=6.0) == pytest.approx(7.0)
+
+
+def test_fixes_of_one_stage_count_once_and_fixes_of_several_add_up_within_the_input_wait():
+    budget = busy_host()
+    one_stage = budget.together([("map", 3.0, 0.0), ("map", 6.0, 14.0)], input_ms=6.0)
+    assert one_stage == pytest.approx(budget.removes(6.0, 14.0))
+    per_step = budget.together([("map", 6.0, 14.0), (None, 1.0, 1.0)], input_ms=6.0)
+    assert per_step == pytest.approx(budget.removes(7.0, 15.0))
+    capped = budget.together([("a", 5.0, 0.0), ("b", 5.0, 0.0)], input_ms=6.0)
+    assert capped.wait_ms == 6.0
+
+
+def test_the_process_cpu_beside_a_profile_is_read_and_a_broken_one_is_refused(tmp_path):
+    session = tmp_path / "run" / "plugins" / "profile" / "2026_12_05"
+    session.mkdir(parents=True)
+    assert ProcessCpu.beside(session) is None
+    record = tmp_path / "run" / "process_cpu.json"
+    record.write_text(json.dumps({"version": 1, "wall_s": 0.5, "cpu_s": 0.8, "cores": 2, "host_cores": 2}))
+    cpu = ProcessCpu.beside(session)
+    assert cpu.utilization == pytest.approx(0.8) and cpu.to_json()["utilization"] == 0.8
+    for broken in ("{", json.dumps({"wall_s": 0, "cpu_s": 1, "cores": 2}), json.dumps({"cpu_s": 1})):
+        record.write_text(broken)
+        assert ProcessCpu.beside(session) is None
