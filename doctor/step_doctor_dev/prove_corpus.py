@@ -82,7 +82,8 @@ def table(rows: list[dict]) -> str:
             ratio = f"{proof['gain'] / estimate:.2f}" if estimate else "-"
             shown = f"x{estimate:.2f}" if estimate else "-"
             measured = f"x{proof['gain']:.2f} (x{proof['low']:.2f}-x{proof['high']:.2f})"
-            cells = [row["case"], first, proof["label"], shown, measured, proof["verdict"], ratio]
+            label = proof["label"].replace(f"{TESTS}/", "")  # the cases' files, relative to doctor/tests/
+            cells = [row["case"], first, label, shown, measured, proof["verdict"], ratio]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

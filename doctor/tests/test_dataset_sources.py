@@ -29,7 +29,9 @@ def test_class_and_iterator_names_reduce_to_one_kind():
     assert kinds("_ParallelMapDataset") == kinds("ParallelMapV2") == kinds("_MapDataset") == kinds("Map") == ("map",)
     assert kinds("_BatchDataset") == kinds("BatchV2") == kinds("PaddedBatchV2") == ("batch",)
     assert kinds("MapAndBatch") == ("batch", "map")  # fused by tf.data: the batch is the outer one
-    assert kinds("TFRecordDatasetV2") == kinds("TFRecord") == ("tfrecord",)
+    assert kinds("_TFRecordDataset") == kinds("TFRecord") == ("tfrecord",)
+    # the public reader builds the stage over its files (FlatMap, or ParallelInterleave reading in parallel) too
+    assert kinds("TFRecordDatasetV2") == ("flat_map", "interleave", "tfrecord")
     assert kinds("ParallelInterleaveV4[0]") == kinds("_ParallelInterleaveDataset") == ("interleave",)
     assert kinds("_OptionsDataset") == ("options",)  # no iterator of its own: the trace never names it
 
@@ -60,6 +62,24 @@ def test_each_stage_gets_the_training_datasets_line_not_a_validation_datasets_of
     assert lines["Iterator::Root::Prefetch::ForeverRepeat::BatchV2::ParallelMapV2"].line == 11
     assert lines["Iterator::Root::Prefetch::ForeverRepeat::BatchV2"].line == 12
     assert lines["Iterator::Root::Prefetch::ForeverRepeat::BatchV2::ParallelMapV2::TensorSlice"].line == 10
+
+
+def test_the_stage_over_a_readers_files_takes_the_readers_line_not_the_repeat_above_it():
+    nodes = [
+        node(0, "_TensorSliceDataset", line=9),  # TFRecordDataset's own: its file names, its FlatMap
+        node(1, "_TFRecordDataset", line=9),
+        node(2, "_FlatMapDataset", [0], line=9),
+        node(3, "TFRecordDatasetV2", [0], line=9),
+        node(4, "_RepeatDataset", [3], line=10),
+        node(5, "_MapDataset", [4], line=10),
+        node(6, "_BatchDataset", [5], line=10),
+    ]
+    reads = "Iterator::Root::MapAndBatch::ForeverRepeat::FlatMap"
+    lines = Sources(nodes).lines(
+        ["Iterator::Root::MapAndBatch", "Iterator::Root::MapAndBatch::ForeverRepeat", reads, f"{reads}::TFRecord"]
+    )
+    assert lines[reads].line == lines[f"{reads}::TFRecord"].line == 9 and lines[reads].kind == "TFRecordDatasetV2"
+    assert lines["Iterator::Root::MapAndBatch::ForeverRepeat"].line == 10
 
 
 def test_fused_stages_and_readers_opened_inside_a_function_take_the_nearest_line_above():

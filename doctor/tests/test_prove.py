@@ -68,6 +68,26 @@ def test_each_fix_is_written_into_the_call_that_built_the_stage_and_nothing_else
     assert [i for i, (a, b) in enumerate(zip(SOURCE.splitlines(), lines)) if a != b] == [3, 5, 6, 8]
 
 
+def test_a_cache_tried_below_the_repeat_a_map_reads_moves_the_repeat_after_it():
+    source = "ds = ds.repeat().map(load).batch(32)\nx = ds.repeat(2).map(f)  # c\ny = ds.map(f)\n"
+    fixed = patch.edit(
+        source,
+        [
+            {"name": "parallel-calls", "line": 1},
+            {"name": "cache", "line": 1, "kind": "_MapDataset", "below_repeat": True},
+            {"name": "prefetch", "line": 1, "kind": "_MapDataset"},
+            {"name": "cache", "line": 2, "kind": "_MapDataset", "below_repeat": True},
+        ],
+    )
+    assert fixed.splitlines() == [
+        "ds = ds.map(load, num_parallel_calls=-1).cache().repeat().prefetch(-1).batch(32)",
+        "x = ds.map(f).cache().repeat(2)  # c",
+        "y = ds.map(f)",
+    ]
+    with pytest.raises(patch.PatchError, match=r"reads a repeat\(\) written elsewhere"):
+        patch.edit(source, [{"name": "cache", "line": 3, "kind": "_MapDataset", "below_repeat": True}])
+
+
 def test_a_comment_after_the_last_argument_and_a_file_without_a_tensorflow_name_are_kept_right():
     source = "from tensorflow import data\nds = data.Dataset.range(4).map(  # square it\n    f  # the function\n)\n"
     fixed = patch.edit(source, [{"name": "parallel-calls", "line": 2}])

@@ -69,8 +69,17 @@ FUSED = {  # one iterator that tf.data's optimizations made of two datasets, out
 }
 
 
+READERS = {  # a reader's public class, which builds the stage over its files and the reader stage in one call
+    "tfrecorddatasetv2": ("flat_map", "interleave", "tfrecord"),  # FlatMap, or ParallelInterleave with parallel reads
+    "textlinedatasetv2": ("flat_map", "interleave", "textline"),
+    "fixedlengthrecorddatasetv2": ("flat_map", "interleave", "fixedlength"),
+}
+
+
 def kinds(name: str) -> tuple[str, ...]:
     """What one class or iterator name is, as the alignment compares them: () for what has no iterator."""
+    if name.lower() in READERS:
+        return READERS[name.lower()]
     plain = re.sub(r"\[\d+\]$", "", name).lower().lstrip("_")
     plain = re.sub(r"(dataset)?(v\d+)?$", "", plain).removesuffix("dataset")
     if plain in FUSED:

@@ -76,6 +76,26 @@ def _offset(lines: list[str], line: int, column: int) -> int:
     return before + len(lines[line - 1].encode()[:column].decode())
 
 
+def _cache_below_repeat(source: str, lines: list[str], tree: ast.Module, line: int) -> list[tuple[int, str]]:
+    """`x.repeat(n).map(f)` as `x.map(f).cache().repeat(n)`: the cache prove tried below the repeat the map reads
+    (the same elements in the same order, for a function without random ops)."""
+    call = _call_at(tree, line, "map")
+    repeat = call.func.value if isinstance(call.func, ast.Attribute) else None
+    if not (
+        isinstance(repeat, ast.Call) and _called_name(repeat) == "repeat" and isinstance(repeat.func, ast.Attribute)
+    ):
+        raise PatchError(
+            f"the map on line {line} reads a repeat() written elsewhere: cache before the repeat by hand, "
+            "`ds.map(f).cache().repeat()`"
+        )
+    receiver = repeat.func.value
+    cut_from = _offset(lines, receiver.end_lineno, receiver.end_col_offset)
+    cut_to = _offset(lines, repeat.end_lineno, repeat.end_col_offset)
+    end = _offset(lines, call.end_lineno, call.end_col_offset)
+    moved = source[cut_from:cut_to]  # ".repeat(...)", as written
+    return [(cut_from, ("cut", cut_to)), (end, ".cache()" + moved)]
+
+
 def edit(source: str, fixes: list[dict]) -> str:
     """The source with each fix written in; PatchError where one cannot be."""
     tree = ast.parse(source)
@@ -96,6 +116,8 @@ def edit(source: str, fixes: list[dict]) -> str:
             last = max(arguments, key=lambda a: (a.end_lineno, a.end_col_offset))
             # right after the last argument, so a comment or a trailing comma after it stays where it is
             inserts.append((_offset(lines, last.end_lineno, last.end_col_offset), f", {keyword}={autotune}"))
+        elif name == "cache" and fix.get("below_repeat"):
+            inserts += _cache_below_repeat(source, lines, tree, fix["line"])
         elif name in CHAINED:
             method = METHOD_OF.get(fix.get("kind") or "")
             if method is None:
@@ -107,8 +129,12 @@ def edit(source: str, fixes: list[dict]) -> str:
             inserts.append((end, CHAINED[name].format(autotune=autotune)))
         else:
             raise PatchError(f"no patch for the fix {name}")
-    for at, text in sorted(inserts, reverse=True):
-        source = source[:at] + text + source[at:]
+    # from the end, so offsets hold; at one offset the later fix first, so the text reads in the order of the fixes
+    for at, _, text in sorted(((at, i, text) for i, (at, text) in enumerate(inserts)), reverse=True):
+        if isinstance(text, tuple):  # ("cut", to): text moved elsewhere
+            source = source[:at] + source[text[1] :]
+        else:
+            source = source[:at] + text + source[at:]
     ast.parse(source)  # what it wrote must still be Python
     return source
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from step_doctor import files
 from step_doctor.diagnose.diagnosis import RunDiagnosis
 from step_doctor.diagnose.proofs import FILE, NO_GAIN, NOT_PROVED, PROVED, SLOWER, UNCLEAR, Proof
-from step_doctor.diagnose.recommendation import CORRECTNESS
+from step_doctor.diagnose.recommendation import CORRECTNESS, gain
 from step_doctor.profile import patch, runner
 
 # cause -> the fixes that test it in memory, each with what it needs to be allowed (None: it changes nothing computed)
@@ -113,9 +113,20 @@ def plan(item: RunDiagnosis, allow: set[str], cwd: Path) -> tuple[list[Candidate
             candidates[key] = Candidate(label, [fix], [rec.cause], [rec.stage], estimate)
     found = list(candidates.values())
     if len(found) > 1:
-        together = Candidate("all together", [f for c in found for f in c.fixes], [], [], None)
+        tried = [r for r in ranked if any(r.cause in c.causes for c in found)]
+        together = Candidate(
+            "all together", [f for c in found for f in c.fixes], [], [], _together_estimate(item, tried)
+        )
         found.append(together)
     return found, unproved
+
+
+def _together_estimate(item: RunDiagnosis, tried: list) -> float | None:
+    """The gain of the tried recommendations' fixes together, within the cores' budget (cpu_budget.py)."""
+    parts = [(r.stage, *r.frees) for r in tried if r.frees is not None]
+    if item.budget is None or len(parts) < len(tried) or not parts:
+        return None
+    return gain(item.budget.step_ms, item.budget.together(parts, item.budget.step_ms - item.budget.rest_ms))
 
 
 def _unproved(label, cause, stage, estimate, why) -> Proof:
@@ -249,6 +260,8 @@ def prove(
             else:
                 timed = status_of["trial"]
                 trial.times[-1] = timed["seconds"] / timed["steps"]
+                for fix, done in zip(trial.fixes, timed.get("fixes") or ()):
+                    fix["below_repeat"] = bool(done.get("below_repeat"))  # the patch writes it where it was tried
             ms = f"{trial.times[-1] * 1000:.1f} ms/step" if trial.times[-1] else f"not measured ({problems[0]})"
             _say(f"round {r + 1}/{rounds}, {trial.label}: {ms} ({time.time() - started:.0f} s so far)")
         if stopped:
@@ -297,6 +310,7 @@ def _without(candidates: list[Candidate], dropped: list[Candidate]) -> list[Cand
     together = [c for c in candidates if c.label == "all together"]
     if together and len(singles) >= 2:
         together[0].fixes = [f for c in singles for f in c.fixes]
+        together[0].estimated_gain = None  # it estimated the fixes the candidates had
         return [*singles, together[0]]
     return singles
 

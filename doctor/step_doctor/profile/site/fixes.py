@@ -5,7 +5,9 @@ dataset_sources.py) and is applied, in memory only, where that line builds it ag
 - parallel-calls: `.map(f)` called there gets `num_parallel_calls=tf.data.AUTOTUNE` (order kept);
 - cache: the dataset built there is followed by `.cache()`, where it is finite (its cardinality) and
   fits in half the memory that is free (its element spec times its cardinality); else not applied,
-  and the trial says why;
+  and the trial says why. A map of a repeat (`ds.repeat().map(f)`: the decode of the same finite data
+  every epoch, however it is repeated) is cached below the repeat: `ds.map(f).cache().repeat()`, the
+  same elements in the same order, as the cause offers it only for a function without random ops;
 - prefetch: the dataset built there is followed by `.prefetch(tf.data.AUTOTUNE)`;
 - parallel-reads: `TFRecordDataset(files)` built there reads `num_parallel_reads=tf.data.AUTOTUNE`
   files at once (the order of the records changes: proved only when the user allows "order").
@@ -30,6 +32,7 @@ class Fixes:
         self.note = note
         self.applied: dict[int, int] = {}  # fix index -> times applied
         self.refused: dict[int, str] = {}
+        self.cached_below_repeat: set[int] = set()  # cache fixes applied below the repeat their map reads
 
     def at(self, frame, name: str) -> list[tuple[int, dict]]:
         where = self.caller(frame)
@@ -70,16 +73,40 @@ class Fixes:
                     if len(args) < 2 and kwargs.get("num_parallel_calls") is None:
                         kwargs["num_parallel_calls"] = fixes.tf.data.AUTOTUNE
                         fixes.applied[i] = fixes.applied.get(i, 0) + 1
-            result = original(dataset, *args, **kwargs)
-            for name in AFTER:
+            swapped = None  # a map of a repeat, cached below the repeat
+            if method == "map" and type(dataset).__name__ == "_RepeatDataset":
+                for i, fix in fixes.at(frame, "cache"):
+                    if swapped is None and _same_kind("_MapDataset", fix.get("kind")):
+                        swapped = fixes.below_repeat(i, dataset, lambda inner: original(inner, *args, **kwargs))
+            result = swapped if swapped is not None else original(dataset, *args, **kwargs)
+            for name in AFTER - ({"cache"} if swapped is not None else set()):
                 for i, fix in fixes.at(frame, name):
-                    if _same_kind(type(result).__name__, fix.get("kind")):
+                    if swapped is not None or _same_kind(type(result).__name__, fix.get("kind")):
                         result = fixes.follow(i, fix, result)
             return result
 
         transformation.__wrapped__ = original
         transformation.__name__ = method
         return transformation
+
+    def below_repeat(self, index: int, repeated, mapped):
+        """`repeated.map(f)` as `input.map(f).cache().repeat(count)`, where the cache can be applied there; else as
+        written, and the trial says why."""
+        try:
+            return self._below_repeat(index, repeated, mapped)
+        except Exception as error:  # the script goes on without the fix; the trial says why
+            self.refused[index] = f"{type(error).__name__}: {error}"
+            return mapped(repeated)
+
+    def _below_repeat(self, index: int, repeated, mapped):
+        inner = mapped(repeated._input_dataset)
+        why = self.cache_refusal(inner)
+        if why:
+            self.refused[index] = f"{why} (below the repeat() the map reads)"
+            return mapped(repeated)
+        self.applied[index] = self.applied.get(index, 0) + 1
+        self.cached_below_repeat.add(index)
+        return inner.cache().repeat(repeated._count)
 
     def follow(self, index: int, fix: dict, dataset):
         try:
@@ -126,7 +153,14 @@ class Fixes:
     def report(self) -> list[dict]:
         found = []
         for i, fix in enumerate(self.fixes):
-            found.append({**fix, "applied": self.applied.get(i, 0), "refused": self.refused.get(i)})
+            found.append(
+                {
+                    **fix,
+                    "applied": self.applied.get(i, 0),
+                    "refused": self.refused.get(i),
+                    "below_repeat": i in self.cached_below_repeat,
+                }
+            )
         return found
 
 
