@@ -42,7 +42,7 @@ STAMP := $(VENV)/.installed-$(TF_EXTRA)
 SETUP_CONSTRAINTS := $(if $(filter gpu,$(TF_EXTRA)),constraints-gpu.txt,constraints.txt)
 endif
 
-.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench bench-check ladder sweep-batch tune diagnose bench-diagnose tensorboard test test-fast test-long test-doctor-alone test-container-stack lint docs clean \
+.PHONY: help setup data train-naive train-optimized train-multiworker data-dispatcher data-worker compare bench bench-check ladder sweep-batch tune prove diagnose bench-diagnose tensorboard test test-fast test-long test-doctor-alone test-container-stack lint docs clean \
         docker-build docker-train-naive docker-train-optimized docker-compare docker-tensorboard
 
 help: ## Show the targets and what they do
@@ -94,6 +94,9 @@ sweep-batch: data ## Throughput and utilization against batch size -> runs/sweep
 
 tune: data ## Search the speed knobs for your data and machine (ARGS="--minutes 10") -> configs/tuned.yaml, runs/tune/
 	$(PY) -m train tune --config $(PRESETS)/optimized.yaml --scenario $(SCENARIO) $(ARGS)
+
+prove: data ## The doctor's fixes for make compare's naive run, each measured as a config overlay (ARGS="--allow generator,batch") -> runs/prove/
+	$(PY) -m train prove --config $(PRESETS)/naive.yaml --optimized $(PRESETS)/optimized.yaml --scenario $(SCENARIO) $(ARGS)
 
 diagnose: setup ## Verdict and ranked fixes for any log folder with a profile (LOGDIR=runs/compare)
 	$(PY) -m step_doctor diagnose $(or $(LOGDIR),runs/compare) $(ARGS)

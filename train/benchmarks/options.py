@@ -80,6 +80,19 @@ class TuneOptions:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProveOptions:
+    TRIALS = Trials(rounds=3, seconds=3.0)
+    run: Path | None = None  # the run whose profile the doctor reads; None: make compare's run of `config`
+    config: str = "configs/naive.yaml"  # the config that run trained
+    optimized: str = "configs/optimized.yaml"
+    scenario: str = "auto"
+    overrides: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()  # generator, batch, precision: fixes that change what is learned
+    trials: Trials = TRIALS
+    out: Path = Path("runs/prove")
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckOptions:
     scenarios: tuple[str, ...] = ("auto", "larger_than_memory")
     overrides: tuple[str, ...] = ()

@@ -1,4 +1,4 @@
-"""The benchmark commands: compare, bench, bench-check, ladder, sweep-batch, tune.
+"""The benchmark commands: compare, bench, bench-check, ladder, sweep-batch, tune, prove.
 
 Their defaults and typed options live in train/benchmarks/options.py; this module only turns arguments into them.
 """
@@ -68,6 +68,17 @@ def benchmark_options(args):
         if largest is None:
             largest = _workload(args.optimized).max_sweep_batch or options.SweepOptions.max_batch
         return options.SweepOptions(_variants(args), _trials(args), args.min, largest, out)
+    if args.command == "prove":
+        return options.ProveOptions(
+            run=Path(args.run) if args.run else None,
+            config=args.config,
+            optimized=args.optimized,
+            scenario=args.scenario,
+            overrides=tuple(args.overrides),
+            allow=tuple(name for given in args.allow for name in given.split(",") if name),
+            trials=_trials(args),
+            out=out,
+        )
     if args.command == "bench-check":
         scenarios = tuple(args.scenario or options.CheckOptions.scenarios)
         given = None if args.trials is None and args.seconds is None else _trials(args)
@@ -130,6 +141,13 @@ def cmd_tune(args) -> int:
     from train.benchmarks import tune
 
     return tune.main(opts)
+
+
+def cmd_prove(args) -> int:
+    opts = _options_with_tensorflow(args)
+    from train.benchmarks import prove
+
+    return prove.main(opts)
 
 
 def cmd_sweep(args) -> int:
@@ -245,6 +263,34 @@ def _add_tune_command(commands) -> None:
     tune.set_defaults(func=cmd_tune)
 
 
+def _add_prove_command(commands) -> None:
+    from train.benchmarks import options
+
+    defaults = options.ProveOptions
+    prove = commands.add_parser(
+        "prove", help="the doctor's fixes for a run of this template, each measured as a config overlay"
+    )
+    prove.add_argument(
+        "--run", help="the run the doctor reads (default: make compare's run of --config, runs/compare/naive)"
+    )
+    prove.add_argument("--config", default=defaults.config, help="the config that run trained (default: %(default)s)")
+    prove.add_argument("--optimized", default=defaults.optimized, help="the preset to reach (default: %(default)s)")
+    arguments.scenario_arg(prove)
+    arguments.overrides_arg(prove, "override applied to every variant (repeatable)")
+    prove.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME]",
+        help="also try the fixes that change what is learned: generator (tf.data ops for the Python generator and "
+        "its augmentation), batch (a batch of 256), precision (mixed precision)",
+    )
+    arguments.trial_args(prove, defaults.TRIALS, "paired rounds per fix")
+    prove.add_argument("--out", default=str(defaults.out), help="output folder (default: %(default)s)")
+    prove.set_defaults(func=cmd_prove)
+
+
 def add_parsers(commands) -> None:
     _add_benchmark_commands(commands)
     _add_tune_command(commands)
+    _add_prove_command(commands)
