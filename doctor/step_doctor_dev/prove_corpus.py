@@ -11,6 +11,7 @@ measured gain (median and spread of the rounds), the verdict, and the ratio meas
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -88,12 +89,48 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+KEPT = ("label", "fixes", "causes", "stages", "gain", "low", "high", "noise", "estimated_gain")  # of each proof
+
+
+def record_calibration(out: Path, cases: list[str], into: Path, cpu: str) -> None:
+    """Per case: its profile (gzipped), the process CPU over its window and what prove measured, into `into`."""
+    into.mkdir(parents=True, exist_ok=True)
+    recorded = {}
+    for case in cases:
+        runs = [p.parent for p in (out / case / "logs").glob("*/proofs.json")]
+        if not runs:
+            continue
+        run = runs[0]
+        profile = sorted(run.glob("plugins/profile/*/*.xplane.pb"))[-1]
+        (into / f"{case}.xplane.pb.gz").write_bytes(gzip.compress(profile.read_bytes(), mtime=0))
+        proofs = json.loads((run / "proofs.json").read_text())
+        measured = [p for p in proofs["each"] if p.get("gain") and p.get("estimated_gain")]
+        recorded[case] = {
+            "run": run.name,
+            "process_cpu": json.loads((run / "process_cpu.json").read_text()),
+            "proofs": [
+                {
+                    key: p.get(key)
+                    for key in ("label", "fixes", "causes", "gain", "low", "high", "noise", "estimated_gain")
+                }
+                for p in measured
+            ],
+        }
+    files.write_json(into / "calibration.json", {"cpu": cpu, "cases": recorded})
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/prove-corpus"))
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--allow", action="append", default=["order"])
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        help="also record each case's profile, process CPU and proofs into this folder (tests/data/calibration: "
+        "what tests/test_calibration.py holds the estimates to)",
+    )
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
     data = args.out / "files"
@@ -108,6 +145,8 @@ def main(argv=None) -> int:
     cpu = f"{machine.cpu_model()} ({bf16} bfloat16 units, {os.cpu_count()} cores)"
     result = {"cpu": cpu, "load_average": {"before": before, "after": os.getloadavg()}, "rows": rows}
     files.write_json(args.out / "prove.json", result)
+    if args.calibration:
+        record_calibration(args.out, args.cases, args.calibration, cpu)
     text = f"On {cpu}; load average {before[0]:.2f} before, {os.getloadavg()[0]:.2f} after.\n\n" + table(rows)
     (args.out / "prove.md").write_text(text)
     print(text)

@@ -207,6 +207,10 @@ def test_the_naive_run_reads_input_bound_with_its_first_fix_and_the_speedup(tab,
     naive = _get(f"{url}/data/plugin/diagnose/run?run=compare/naive")  # done: the card shows its verdict
     assert naive["diagnosis"]["recommendations"][0]["title"] in card.text
     assert "Evidence:" in card.text and "Fix:" in card.text
+    # the template's profiler recorded the process CPU beside the profile: the estimates' budget, measured
+    assert "Cores' budget:" in card.text and "(measured: process_cpu.json)" in card.text
+    if naive["diagnosis"]["together"]:
+        assert "Together: " + " + ".join(naive["diagnosis"]["together"]["causes"]) in card.text
     speedup = json.loads((runs / "compare" / "report.json").read_text())["speedup"]
     compared = _wait_for(tab, lambda d: d.find_element(By.CSS_SELECTOR, "section[data-folder='compare'] table"))
     compared = tab.find_element(By.CSS_SELECTOR, "section[data-folder='compare']")

@@ -11,9 +11,12 @@ was measured while the pipeline took cores from it, and gets back the share the 
 
 So, for a step of T ms on C cores that used U core-ms, a fix that shortens the wait by L ms and
 removes R core-ms is estimated at
-    T' = max((U - R) / C,  T - L - X * u * R / U,  floor)
+    T' = max(max(U - R, X if R else 0) / C,  T - L - X * u * R / U,  floor)
 where X is the rest of the step (T less its input wait), u the share of the cores busy
-(U / (C T)), and floor what a device keeps busy per step (a GPU host). U is the process CPU that
+(U / (C T)), and floor what a device keeps busy per step (a GPU host). X / C: the rest of the
+step, measured while the pipeline took cores from it, at best spreads over all of them once a fix
+frees them; U - R alone is a small difference of two large figures where a fix removes most of
+the work, and would promise more than the cores give. U is the process CPU that
 `step-doctor profile` and the template's profiler recorded over the profile's window
 (process_cpu.json beside it, step_doctor/process_cpu.py); where there is none, the trace's own
 figures stand in (the pipeline's function work and the model's compute and overhead, one core
@@ -116,7 +119,10 @@ class Budget:
         work = min(max(work_ms, 0.0) * self.deflation, U)
         relief = self.rest_ms * self.busy * work / U if U else 0.0
         by_latency = T - max(wait_ms, 0.0) - relief
-        by_cores = (U - work) / self.cores
+        # what is left over the cores; and the rest of the step, measured while the pipeline took cores from it, at
+        # best spread over all of them once they are free (the remainder U - work is a small difference of two
+        # large figures where a fix removes most of the work: this keeps it from promising more than the cores give)
+        by_cores = max(U - work, self.rest_ms if work else 0.0) / self.cores
         return max(by_latency, by_cores, self.floor_ms, 0.0)
 
     def removes(self, wait_ms: float = 0.0, work_ms: float = 0.0) -> Removal:

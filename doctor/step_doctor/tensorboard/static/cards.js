@@ -117,6 +117,23 @@ function recommendation(item, index) {
   );
 }
 
+function budgetLine(diagnosis) {
+  // The fixes estimated together, and the cores' budget every estimate keeps within (diagnose/cpu_budget.py).
+  const together = diagnosis.together;
+  const budget = diagnosis.cpu_budget;
+  return h(
+    "p",
+    { class: "together" },
+    together ? [h("em", {}, "Together: "), `${together.causes.join(" + ")}, estimated gain ${number(together.estimated_gain, 2)}x. `] : null,
+    budget
+      ? [
+          h("em", {}, "Cores' budget: "),
+          `${number(budget.core_ms, 1)} core-ms per step of ${budget.cores} cores' ${number(budget.cores * budget.step_ms, 1)}, ${number(100 * budget.busy, 0)} % busy (${budget.measured ? "measured: process_cpu.json" : "a lower bound from the trace"}).`,
+        ]
+      : null,
+  );
+}
+
 function lists(diagnosis) {
   const profile = diagnosis.profile;
   const notes = [
@@ -130,6 +147,7 @@ function lists(diagnosis) {
     diagnosis.recommendations.length
       ? h("ol", { class: "recommendations" }, diagnosis.recommendations.map(recommendation))
       : h("p", { class: "muted" }, "Nothing to fix: no cause in this profile is estimated to gain 5 % or more."),
+    diagnosis.recommendations.length ? budgetLine(diagnosis) : null,
     diagnosis.latent.length ? h("h4", {}, "Latent (costs little at this step time)") : null,
     diagnosis.latent.length ? h("ul", { class: "recommendations" }, diagnosis.latent.map(recommendation)) : null,
     notes.length ? h("h4", {}, "Notes") : null,
