@@ -83,13 +83,17 @@ def table(rows: list[dict]) -> str:
             ratio = f"{proof['gain'] / estimate:.2f}" if estimate else "-"
             shown = f"x{estimate:.2f}" if estimate else "-"
             measured = f"x{proof['gain']:.2f} (x{proof['low']:.2f}-x{proof['high']:.2f})"
-            label = proof["label"].replace(f"{TESTS}/", "")  # the cases' files, relative to doctor/tests/
+            label = _relative(proof["label"])
             cells = [row["case"], first, label, shown, measured, proof["verdict"], ratio]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 KEPT = ("label", "fixes", "causes", "stages", "gain", "low", "high", "noise", "estimated_gain")  # of each proof
+
+
+def _relative(label: str) -> str:
+    return label.replace(f"{TESTS}/", "")  # the cases' files, relative to doctor/tests/
 
 
 def record_calibration(out: Path, cases: list[str], into: Path, cpu: str) -> None:
@@ -108,13 +112,7 @@ def record_calibration(out: Path, cases: list[str], into: Path, cpu: str) -> Non
         recorded[case] = {
             "run": run.name,
             "process_cpu": json.loads((run / "process_cpu.json").read_text()),
-            "proofs": [
-                {
-                    key: p.get(key)
-                    for key in ("label", "fixes", "causes", "gain", "low", "high", "noise", "estimated_gain")
-                }
-                for p in measured
-            ],
+            "proofs": [{**{key: p.get(key) for key in KEPT}, "label": _relative(p["label"])} for p in measured],
         }
     files.write_json(into / "calibration.json", {"cpu": cpu, "cases": recorded})
 
