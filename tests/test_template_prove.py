@@ -92,11 +92,13 @@ def test_prove_measures_the_naive_runs_fixes_and_the_optimized_preset_beside_the
     assert compared.returncode == 0, compared.stdout[-2000:] + compared.stderr[-2000:]
     out = tmp_path / "prove"
     args = ["--run", str(tmp_path / "compare" / "naive"), "--allow", "generator,batch", "--out", str(out)]
-    done = run_cli("prove", *args, "--trials", "2", "--seconds", "0.3", *sets, timeout=900)
+    done = run_cli("prove", *args, "--passes", "2", "--trials", "2", "--seconds", "0.3", *sets, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "prove.json").read_text())
     assert result["fixes"] and all(f["verdict"] in ("faster", "slower", "within noise") for f in result["fixes"])
     assert {"tfrecord + interleave"} <= {f["rung"] for f in result["fixes"]}
+    if any(f["verdict"] == "faster" for f in result["fixes"] if f["pass"] == 1):  # profiled again with them
+        assert (out / "pass-2" / "summary.json").is_file()
     assert result["optimized"]["measured"]["median"] > 1.0 and result["cpu"]["model"]
     assert "The proved fixes reach" in done.stdout or "Nothing proved" in done.stdout
     assert all(d["why"] for d in result["not_made"]) and (out / "prove.md").read_text().startswith("| fix")

@@ -88,6 +88,7 @@ class ProveOptions:
     scenario: str = "auto"
     overrides: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()  # generator, batch, precision: fixes that change what is learned
+    passes: int = 3  # each after profiling the config with the fixes proved before it
     trials: Trials = TRIALS
     out: Path = Path("runs/prove")
 

@@ -11,7 +11,9 @@ report says what share of the optimized preset's gain the doctor's fixes reach, 
 difference between the two that no proved fix made, and why: a fix that changes what is learned
 (the generator's Python augmentation, the batch size, the precision) is tried only where
 `--allow` names it; a rung that measured no gain is not kept; what the doctor did not name in
-this profile is said as such (a fix hides what stands behind it: profile again after it).
+this profile is said as such. A fix hides what stands behind it (a Python generator hides the
+pipeline that replaces it), so each pass after the first trains the config with the fixes proved
+so far, profiles it, and measures the fixes the doctor names there on top of them (`--passes`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from train import config as config_lib
 from train import scenario as scenario_lib
 from train.benchmarks import ladder as ladder_lib
 from train.benchmarks import stats, trials
+from train.benchmarks.compare import fit_in_subprocess
 from train.benchmarks.options import ProveOptions
 from train.benchmarks.report_writer import ReportWriter
 from train.benchmarks.tune.measure import TrialMeasure
@@ -72,6 +75,8 @@ class Candidate:
     causes: list[str]
     estimated_gain: float | None
     state: dict  # the rung's overlay: key -> value
+    passed: int = 1  # the pass that measured it
+    against: dict = field(default_factory=dict)  # the fixes proved before it, which it was measured on top of
     verdict: stats.Verdict | None = None
     why: str | None = None  # not measured: why
 
@@ -97,8 +102,9 @@ def run_diagnosis(run: Path) -> RunDiagnosis:
     return item
 
 
-def plan(item: RunDiagnosis, rungs: dict[str, dict], allow: set[str]) -> Plan:
-    """The rung to measure for each fix the doctor names, and why each other fix is not measured."""
+def plan(item: RunDiagnosis, rungs: dict[str, dict], allow: set[str], tried: set[str] = frozenset()) -> Plan:
+    """The rung to measure for each fix the doctor names (but those `tried` in an earlier pass), and why each other
+    fix is not measured."""
     made = Plan()
     by_rung: dict[str, Candidate] = {}
     for rec in item.recommendations:
@@ -121,6 +127,8 @@ def plan(item: RunDiagnosis, rungs: dict[str, dict], allow: set[str]) -> Plan:
                 made.refused.append(
                     {"cause": rec.cause, "rung": name, "why": f"{changes}: tried with --allow {allowed}"}
                 )
+                continue
+            if name in tried:
                 continue
             if name in by_rung:
                 by_rung[name].causes.append(rec.cause)
@@ -157,40 +165,52 @@ def main(opts: ProveOptions) -> int:
     item = run_diagnosis(run)
     ladder_path = ladder_lib.default_ladder(scenario, base.workload)
     rungs = {rung["name"]: rung for rung in ladder_lib.load_ladder(ladder_path)["rungs"]}
-    made = plan(item, rungs, set(opts.allow))
 
     def load(state: dict, name: str = "prove"):
         return scenario.load(opts.config, list(opts.overrides) + as_sets(state), name=name)
 
     optimized = preset_as_overlay(base, scenario.load(opts.optimized, list(opts.overrides), name="optimized"))
-    for candidate in made.candidates:  # every overlay is validated before anything runs
-        load(candidate.state)
+    for rung in rungs.values():  # every overlay is validated before anything runs
+        load(rung["set"])
     load(optimized)
     out = Path(opts.out)
     spec, found = trials.begin(scenario, [base], out, clean=True)
     rounds = opts.trials.rounds
     print(
         f"Device: {found.describe()}. The doctor's fixes for {run}, each a rung of {ladder_path.name} against the "
-        f"run's config in {rounds} paired rounds of >= {opts.trials.seconds:g} s, each variant in its own process.",
+        f"run's config in {rounds} paired rounds of >= {opts.trials.seconds:g} s, each variant in its own process; "
+        f"at most {opts.passes} passes, each after profiling the config with the fixes proved before it.",
         flush=True,
     )
     measure = TrialMeasure(load, opts.trials.seconds)
+    made, state = Plan(), {}
     try:
-        for candidate in made.candidates:
-            print(f"  {candidate.rung} ({', '.join(candidate.causes)}) ...", flush=True)
-            try:
-                compared = measure.compare({}, candidate.state, rounds)
-                candidate.verdict = stats.judge(compared.ratios, compared.aa_ratios)
-            except CandidateFailed as error:
-                candidate.why = str(error)
-            measure.keep_only({})
-        proved = [c for c in made.candidates if c.verdict and c.verdict.faster]
-        together: dict = {}
-        for candidate in sorted(proved, key=lambda c: list(rungs).index(c.rung)):
-            together.update(candidate.state)
-        print("  together, with the optimized preset ...", flush=True)
-        if together:
-            compared = measure.compare({}, together, rounds, extra={"optimized": load(optimized, "optimized")})
+        for number in range(1, opts.passes + 1):
+            if number > 1:
+                if not state:
+                    break  # nothing proved: the next profile would be the same run's
+                item = _profile_again(opts, scenario, state, out, number)
+            found_now = plan(item, rungs, set(opts.allow), tried={c.rung for c in made.candidates})
+            made.refused += [r for r in found_now.refused if r not in made.refused]
+            if not found_now.candidates:
+                break
+            for candidate in found_now.candidates:
+                candidate.passed, candidate.against = number, dict(state)
+                print(f"  pass {number}: {candidate.rung} ({', '.join(candidate.causes)}) ...", flush=True)
+                try:
+                    compared = measure.compare(state, {**state, **candidate.state}, rounds)
+                    candidate.verdict = stats.judge(compared.ratios, compared.aa_ratios)
+                except CandidateFailed as error:
+                    candidate.why = str(error)
+                measure.keep_only(state)
+            made.candidates += found_now.candidates
+            for candidate in sorted(found_now.candidates, key=lambda c: list(rungs).index(c.rung)):
+                if candidate.verdict and candidate.verdict.faster:
+                    state.update(candidate.state)
+        measure.keep_only({})
+        print("  the proved fixes together, with the optimized preset ...", flush=True)
+        if state:
+            compared = measure.compare({}, state, rounds, extra={"optimized": load(optimized, "optimized")})
             together_ratios = compared.ratios
             optimized_ratios = [r / e for r, e in zip(compared.ratios, compared.extra["optimized"]) if e]
             aa = compared.aa_ratios
@@ -201,12 +221,22 @@ def main(opts: ProveOptions) -> int:
         measure.close()
     run_values = flat(config_lib.to_dict(base))
     measured = {"together": together_ratios, "optimized": optimized_ratios, "aa": aa}
-    result = _result(run, made, together, optimized, measured, rungs, found, opts, run_values)
+    result = _result(run, made, state, optimized, measured, rungs, found, opts, run_values)
     REPORT.write(out, result)
     print()
     print(REPORT.table(result))
     print(f"\nWritten: {out}/prove.json, prove.md")
     return 0
+
+
+def _profile_again(opts: ProveOptions, scenario, state: dict, out: Path, number: int) -> RunDiagnosis:
+    """A profiled run of the config with the fixes proved so far, and the doctor's diagnosis of it: what the fixes
+    uncovered (a Python generator hides the pipeline that replaces it)."""
+    name = f"pass-{number}"
+    print(f"  pass {number}: training the config with the fixes proved so far, to profile it ...", flush=True)
+    overrides = list(opts.overrides) + as_sets(state) + [f"runs_dir={out}", f"name={name}", "train.epochs=2"]
+    fit_in_subprocess(opts.config, scenario.overlays, overrides)
+    return run_diagnosis(out / name)
 
 
 def _result(run, made, together, optimized, measured, rungs, found, opts, run_values) -> dict:
@@ -224,9 +254,12 @@ def _result(run, made, together, optimized, measured, rungs, found, opts, run_va
         "rounds": opts.trials.rounds,
         "seconds": opts.trials.seconds,
         "allow": list(opts.allow),
+        "passes": opts.passes,
         "fixes": [
             {
                 "rung": c.rung,
+                "pass": c.passed,
+                "on_top_of": sorted(c.against),
                 "causes": c.causes,
                 "set": c.state,
                 "estimated_gain": c.estimated_gain,
@@ -274,30 +307,34 @@ def _not_made(together: dict, optimized: dict, made: Plan, rungs: dict, run_valu
 
 def _table(result: dict) -> str:
     lines = [
-        "| fix (ladder rung) | causes | estimated | measured (quartiles) | verdict |",
-        "|---|---|---:|---:|---|",
+        "| pass | fix (ladder rung) | causes | estimated | measured (quartiles) | verdict |",
+        "|---:|---|---|---:|---:|---|",
     ]
     for fix in result["fixes"]:
         measured = fix.get("measured")
         shown = f"x{measured['median']:.2f} ({measured['q1']:.2f}-{measured['q3']:.2f})" if measured else "-"
         estimate = f"x{fix['estimated_gain']:.2f}" if fix["estimated_gain"] else "-"
         verdict = fix["verdict"] + (f": {fix['why']}" if fix["why"] else "")
-        lines.append(f"| {fix['rung']} | {', '.join(fix['causes'])} | {estimate} | {shown} | {verdict} |")
+        lines.append(
+            f"| {fix['pass']} | {fix['rung']} | {', '.join(fix['causes'])} | {estimate} | {shown} | {verdict} |"
+        )
     for refused in result["refused"]:
-        lines.append(f"| {refused['rung'] or '-'} | {refused['cause']} | - | - | not tried: {refused['why']} |")
+        lines.append(f"| - | {refused['rung'] or '-'} | {refused['cause']} | - | - | not tried: {refused['why']} |")
     together = result["together"].get("measured")
     if together:
         lines.append(
-            f"| the proved fixes together | - | - | x{together['median']:.2f} ({together['q1']:.2f}-"
+            f"| - | the proved fixes together | - | - | x{together['median']:.2f} ({together['q1']:.2f}-"
             f"{together['q3']:.2f}) | {together['verdict']} |"
         )
     optimized = result["optimized"]["measured"]
     lines.append(
-        f"| the optimized preset | - | - | x{optimized['median']:.2f} ({optimized['q1']:.2f}-{optimized['q3']:.2f}) "
-        f"| {optimized['verdict']} |"
+        f"| - | the optimized preset | - | - | x{optimized['median']:.2f} ({optimized['q1']:.2f}-"
+        f"{optimized['q3']:.2f}) | {optimized['verdict']} |"
     )
     share = result["share_of_optimized"]
     lines.append("")
+    if any(fix["pass"] > 1 for fix in result["fixes"]):
+        lines.append("A fix of a later pass is measured on top of the fixes proved before it.")
     lines.append(
         f"The proved fixes reach {share:.0%} of the optimized preset's gain."
         if share is not None

@@ -76,6 +76,7 @@ def benchmark_options(args):
             scenario=args.scenario,
             overrides=tuple(args.overrides),
             allow=tuple(name for given in args.allow for name in given.split(",") if name),
+            passes=args.passes,
             trials=_trials(args),
             out=out,
         )
@@ -284,6 +285,13 @@ def _add_prove_command(commands) -> None:
         metavar="NAME[,NAME]",
         help="also try the fixes that change what is learned: generator (tf.data ops for the Python generator and "
         "its augmentation), batch (a batch of 256), precision (mixed precision)",
+    )
+    prove.add_argument(
+        "--passes",
+        type=int,
+        default=defaults.passes,
+        help="passes: each after the first trains the config with the fixes proved so far and profiles it, to find "
+        "what they uncovered (default: %(default)s)",
     )
     arguments.trial_args(prove, defaults.TRIALS, "paired rounds per fix")
     prove.add_argument("--out", default=str(defaults.out), help="output folder (default: %(default)s)")
