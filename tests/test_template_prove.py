@@ -101,4 +101,22 @@ def test_prove_measures_the_naive_runs_fixes_and_the_optimized_preset_beside_the
         assert (out / "pass-2" / "summary.json").is_file()
     assert result["optimized"]["measured"]["median"] > 1.0 and result["cpu"]["model"]
     assert "The proved fixes reach" in done.stdout or "Nothing proved" in done.stdout
-    assert all(d["why"] for d in result["not_made"]) and (out / "prove.md").read_text().startswith("| fix")
+    assert all(d["why"] for d in result["not_made"]) and (out / "prove.md").read_text().startswith("| pass")
+
+
+def test_a_later_rung_that_would_undo_a_proved_key_or_changes_nothing_is_not_measured():
+    class Unmeasured:
+        def compare(self, *args, **kwargs):
+            raise AssertionError("measured")
+
+        def keep_only(self, state):
+            pass
+
+    state = {"pipeline.augment": "batched", "pipeline.prefetch": "auto"}
+    rung = "tfrecord + interleave"
+    undoing = prove.Candidate(rung, ["python-generator"], 1.5, dict(RUNGS[rung]["set"]))
+    prove._measure_on(undoing, state, Unmeasured(), rounds=2)
+    assert undoing.why == "it would undo pipeline.augment of the fixes proved before it" and undoing.verdict is None
+    same = prove.Candidate("prefetch", ["no-prefetch"], 1.2, {"pipeline.prefetch": "auto"})
+    prove._measure_on(same, state, Unmeasured(), rounds=2)
+    assert same.why == "the fixes proved before it set it already"

@@ -21,7 +21,7 @@ FILE = "process_cpu.json"
 
 
 def _cpu_seconds() -> float:
-    # every thread's, in ns (os.times counts clock ticks of 10 ms: a profile's window can be 50 ms)
+    # every thread's, in seconds at ns resolution (os.times counts clock ticks of 10 ms; a window can be 50 ms)
     return time.process_time()
 
 
@@ -49,7 +49,10 @@ class Window:
     def figures(self) -> dict | None:
         if self.started is None or self.stopped is None or self.stopped[0] <= self.started[0]:
             return None
-        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        try:
+            load = os.getloadavg()
+        except (AttributeError, OSError):
+            load = None
         return {
             "version": 1,
             "wall_s": round(self.stopped[0] - self.started[0], 6),
@@ -61,12 +64,12 @@ class Window:
 
     def write(self, run_dir: str) -> None:
         """Atomically; nothing where the window never closed (a failed start, a process that died in it)."""
-        found = self.figures()
-        if found is None:
-            return
         path = os.path.join(run_dir, FILE)
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
+            found = self.figures()
+            if found is None:
+                return
             os.makedirs(run_dir, exist_ok=True)
             with open(tmp, "w") as out:
                 json.dump(found, out)

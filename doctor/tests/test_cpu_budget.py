@@ -54,6 +54,9 @@ def test_fixes_of_one_stage_count_once_and_fixes_of_several_add_up_within_the_in
     assert per_step == pytest.approx(budget.removes(7.0, 15.0))
     capped = budget.together([("a", 5.0, 0.0), ("b", 5.0, 0.0)], input_ms=6.0)
     assert capped.wait_ms == 6.0
+    # a cache of an outer map counts the inner map's work already (Blame.work_below)
+    nested = budget.together([("Root::Map", 3.0, 10.0), ("Root::Map::Map", 3.0, 4.0)], input_ms=6.0)
+    assert nested.work_ms == 10.0
 
 
 def test_the_process_cpu_beside_a_profile_is_read_and_a_broken_one_is_refused(tmp_path):

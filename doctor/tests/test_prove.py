@@ -88,6 +88,23 @@ def test_a_cache_tried_below_the_repeat_a_map_reads_moves_the_repeat_after_it():
         patch.edit(source, [{"name": "cache", "line": 3, "kind": "_MapDataset", "below_repeat": True}])
 
 
+def test_a_trial_caches_below_the_repeat_and_refuses_a_cache_that_would_freeze_a_shuffle():
+    import tensorflow as tf
+
+    from step_doctor.profile.site import fixes as fixes_lib
+
+    here = {"file": __file__, "line": 0}
+    fixes = fixes_lib.Fixes([{"name": "cache", "kind": "_MapDataset", **here}], lambda frame: here, print)
+    fixes.tf = tf
+    plain = tf.data.Dataset.range(6)
+    swapped = fixes.below_repeat(0, plain.repeat(), lambda inner: inner.map(lambda x: x * 2))
+    assert list(swapped.take(8).as_numpy_iterator()) == [0, 2, 4, 6, 8, 10, 0, 2]
+    assert fixes.applied == {0: 1} and fixes.cached_below_repeat == {0}
+    shuffled = plain.shuffle(6).repeat()
+    kept = fixes.below_repeat(0, shuffled, lambda inner: inner.map(lambda x: x * 2))
+    assert "replay the first epoch's order" in fixes.refused[0] and kept.cardinality() == tf.data.INFINITE_CARDINALITY
+
+
 def test_a_comment_after_the_last_argument_and_a_file_without_a_tensorflow_name_are_kept_right():
     source = "from tensorflow import data\nds = data.Dataset.range(4).map(  # square it\n    f  # the function\n)\n"
     fixed = patch.edit(source, [{"name": "parallel-calls", "line": 2}])

@@ -38,7 +38,7 @@ from train.benchmarks.tune.measure import TrialMeasure
 from train.benchmarks.tune.overlay import as_sets
 from train.benchmarks.tune.search import CandidateFailed
 from train.core import files
-from train.core.errors import UserError
+from train.core.errors import RunFailed, UserError
 
 # a cause the doctor names, and the fix it offers (Recommendation.estimates' key, where it offers several) -> the
 # ladder rung that makes it here
@@ -183,50 +183,81 @@ def main(opts: ProveOptions) -> int:
         flush=True,
     )
     measure = TrialMeasure(load, opts.trials.seconds)
-    made, state = Plan(), {}
+    made, state, stopped = Plan(), {}, None
     try:
         for number in range(1, opts.passes + 1):
             if number > 1:
-                if not state:
-                    break  # nothing proved: the next profile would be the same run's
-                item = _profile_again(opts, scenario, state, out, number)
-            found_now = plan(item, rungs, set(opts.allow), tried={c.rung for c in made.candidates})
+                measure.keep_only({})  # no variant's process beside the profiled run
+                try:
+                    item = _profile_again(opts, scenario, state, out, number)
+                except (RunFailed, UserError) as error:
+                    stopped = f"pass {number} could not profile the fixes proved so far: {error}"
+                    break
+            proved = {c.rung for c in made.candidates if c.verdict and c.verdict.faster}
+            found_now = plan(item, rungs, set(opts.allow), tried=proved)  # a rung of no gain may gain now
             made.refused += [r for r in found_now.refused if r not in made.refused]
-            if not found_now.candidates:
-                break
             for candidate in found_now.candidates:
                 candidate.passed, candidate.against = number, dict(state)
-                print(f"  pass {number}: {candidate.rung} ({', '.join(candidate.causes)}) ...", flush=True)
-                try:
-                    compared = measure.compare(state, {**state, **candidate.state}, rounds)
-                    candidate.verdict = stats.judge(compared.ratios, compared.aa_ratios)
-                except CandidateFailed as error:
-                    candidate.why = str(error)
-                measure.keep_only(state)
+                _measure_on(candidate, state, measure, rounds)
             made.candidates += found_now.candidates
+            before = dict(state)
             for candidate in sorted(found_now.candidates, key=lambda c: list(rungs).index(c.rung)):
                 if candidate.verdict and candidate.verdict.faster:
                     state.update(candidate.state)
+            if state == before:
+                break  # nothing new proved: the next profile would be this one's
         measure.keep_only({})
         print("  the proved fixes together, with the optimized preset ...", flush=True)
-        if state:
-            compared = measure.compare({}, state, rounds, extra={"optimized": load(optimized, "optimized")})
-            together_ratios = compared.ratios
-            optimized_ratios = [r / e for r, e in zip(compared.ratios, compared.extra["optimized"]) if e]
-            aa = compared.aa_ratios
-        else:
-            compared = measure.compare({}, optimized, rounds)
-            together_ratios, optimized_ratios, aa = [], compared.ratios, compared.aa_ratios
+        together_ratios, optimized_ratios, aa = _together(measure, state, optimized, load, rounds)
     finally:
         measure.close()
     run_values = flat(config_lib.to_dict(base))
     measured = {"together": together_ratios, "optimized": optimized_ratios, "aa": aa}
     result = _result(run, made, state, optimized, measured, rungs, found, opts, run_values)
+    result["stopped"] = stopped
     REPORT.write(out, result)
     print()
     print(REPORT.table(result))
     print(f"\nWritten: {out}/prove.json, prove.md")
     return 0
+
+
+def _measure_on(candidate: Candidate, state: dict, measure: TrialMeasure, rounds: int) -> None:
+    """The candidate's rung on top of the fixes proved so far, against them; or why it is not measured."""
+    undone = sorted(k for k, v in candidate.state.items() if k in state and state[k] != v)
+    if undone:  # tfrecord + interleave's per-example augmentation over a proved batched one
+        candidate.why = f"it would undo {', '.join(undone)} of the fixes proved before it"
+        return
+    merged = {**state, **candidate.state}
+    if merged == state:
+        candidate.why = "the fixes proved before it set it already"
+        return
+    print(f"  pass {candidate.passed}: {candidate.rung} ({', '.join(candidate.causes)}) ...", flush=True)
+    try:
+        compared = measure.compare(state, merged, rounds)
+        candidate.verdict = stats.judge(compared.ratios, compared.aa_ratios)
+    except CandidateFailed as error:
+        candidate.why = str(error)
+    measure.keep_only(state)
+
+
+def _together(measure: TrialMeasure, state: dict, optimized: dict, load, rounds: int):
+    """The per-round ratios of the proved fixes together and of the optimized preset over the run's config, and the
+    A/A ratios of their rounds; the optimized preset alone where nothing is proved or the rotation failed."""
+    if state:
+        try:
+            compared = measure.compare({}, state, rounds, extra={"optimized": load(optimized, "optimized")})
+            optimized_ratios = [r / e for r, e in zip(compared.ratios, compared.extra["optimized"]) if e]
+            return compared.ratios, optimized_ratios, compared.aa_ratios
+        except CandidateFailed as error:
+            print(f"  the rotation with the optimized preset failed ({error}): the preset alone ...", flush=True)
+    try:
+        compared = measure.compare({}, optimized, rounds)
+    except CandidateFailed as error:
+        raise RunFailed(
+            f"The optimized preset cannot run here, so no share of its gain can be measured: {error}"
+        ) from None
+    return [], compared.ratios, compared.aa_ratios
 
 
 def _profile_again(opts: ProveOptions, scenario, state: dict, out: Path, number: int) -> RunDiagnosis:
@@ -243,9 +274,9 @@ def _result(run, made, together, optimized, measured, rungs, found, opts, run_va
     """prove.json: `measured` holds the per-round ratios of the fixes together and of the optimized preset over the
     run's config, and the A/A ratios of their rounds."""
     together_ratios, optimized_ratios, aa = measured["together"], measured["optimized"], measured["aa"]
-    together_gain = statistics.median(together_ratios) if together_ratios else 1.0
+    together_gain = statistics.median(together_ratios) if together_ratios else None
     optimized_gain = statistics.median(optimized_ratios) if optimized_ratios else None
-    share = together_gain / optimized_gain if optimized_gain else None
+    share = together_gain / optimized_gain if together_gain and optimized_gain else None
     return {
         "run": str(run),
         "device": found.describe(),
@@ -291,7 +322,7 @@ def _not_made(together: dict, optimized: dict, made: Plan, rungs: dict, run_valu
         rung = next((name for name in setting if str(rungs[name]["set"][key]) == str(value)), None)
         rung = rung or next(iter(setting), None)
         refused = next((r for r in made.refused if r["rung"] == rung), None) if rung else None
-        measured = next((c for c in made.candidates if c.rung == rung), None) if rung else None
+        measured = next((c for c in reversed(made.candidates) if c.rung == rung), None) if rung else None
         if refused:
             why = f"{', '.join(dict.fromkeys(r['cause'] for r in made.refused if r['rung'] == rung))}: {refused['why']}"
         elif measured:
@@ -340,6 +371,8 @@ def _table(result: dict) -> str:
         if share is not None
         else "Nothing proved: the optimized preset's gain is measured alone."
     )
+    if result.get("stopped"):
+        lines.append(f"The passes stopped early: {result['stopped']}")
     if result["not_made"]:
         lines.append("What the optimized preset sets that no proved fix made, and why:")
         lines += [f"- {d['key']}: {d['optimized']} (here {d['run']}): {d['why']}" for d in result["not_made"]]

@@ -185,7 +185,9 @@ class Blame:
     @property
     def cache_line(self) -> str:
         element = st.element_bytes(self.head)
-        repeated = any("Repeat" in s.kind and st.under(s.path, self.head.path) for s in self.pipeline.stages)
+        below = [s for s in self.pipeline.stages if st.under(s.path, self.head.path)]
+        repeated = any("Repeat" in s.kind for s in below)
+        shuffled = any("Shuffle" in s.kind for s in below)
         return (
             "its ops are deterministic (no augmentation op ran), so `.cache()` right after it keeps its output and "
             "removes it from every epoch after the first"
@@ -193,6 +195,12 @@ class Blame:
                 " (it reads a repeat(), so cache before the repeat: `ds.map(f).cache().repeat()` for "
                 "`ds.repeat().map(f)`, the same elements in the same order)"
                 if repeated
+                else ""
+            )
+            + (
+                "; a shuffle below it would then replay the first epoch's order, so shuffle after the cache "
+                "(`.cache().shuffle(n)`)"
+                if shuffled
                 else ""
             )
             + (

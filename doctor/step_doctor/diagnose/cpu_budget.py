@@ -139,7 +139,10 @@ class Budget:
             waits[stage] = max(waits.get(stage, 0.0), wait)
             works[stage] = max(works.get(stage, 0.0), work)
         own = waits.pop(None, 0.0)
-        return self.removes(min(sum(waits.values()), input_ms) + own, sum(works.values()))
+        # a stage's work counts the stages under it (Blame.work_below): one under another counted stage counts once
+        nested = {s for s in works if s and any(t and t != s and works[t] and s.startswith(t + "::") for t in works)}
+        work = sum(w for s, w in works.items() if s not in nested)
+        return self.removes(min(sum(waits.values()), input_ms) + own, work)
 
     @property
     def words(self) -> str:

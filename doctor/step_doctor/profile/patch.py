@@ -37,6 +37,7 @@ KEYWORD = {
     "parallel-reads": ("TFRecordDataset", "num_parallel_reads", 3),
 }
 CHAINED = {"cache": ".cache()", "prefetch": ".prefetch({autotune})"}
+CHAINED_ORDER = {"cache": 1, "prefetch": 2}
 
 
 class PatchError(Exception):
@@ -103,7 +104,8 @@ def edit(source: str, fixes: list[dict]) -> str:
     lines = source.split("\n")
     lines = [line + "\n" for line in lines[:-1]] + lines[-1:]  # as ast counts them: on newlines only
     inserts: list[tuple[int, str]] = []
-    for fix in fixes:
+    # a cache before a prefetch where both follow one call, as a trial applies them (site/fixes.py AFTER)
+    for fix in sorted(fixes, key=lambda f: CHAINED_ORDER.get(f["name"], 0)):
         name = fix["name"]
         if name in KEYWORD:
             method, keyword, place = KEYWORD[name]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-AFTER = {"cache", "prefetch"}  # fixes that follow the dataset built at the line with one more transformation
+AFTER = ("cache", "prefetch")  # fixes that follow the dataset built at the line, in this order (the patch's too)
 METHODS = ("map", "batch", "padded_batch", "filter", "interleave", "flat_map", "shuffle", "repeat", "unbatch", "take")
 
 
@@ -79,9 +79,12 @@ class Fixes:
                     if swapped is None and _same_kind("_MapDataset", fix.get("kind")):
                         swapped = fixes.below_repeat(i, dataset, lambda inner: original(inner, *args, **kwargs))
             result = swapped if swapped is not None else original(dataset, *args, **kwargs)
-            for name in AFTER - ({"cache"} if swapped is not None else set()):
+            for name in AFTER:
+                if name == "cache" and swapped is not None:
+                    continue  # cached below the repeat already
                 for i, fix in fixes.at(frame, name):
-                    if swapped is not None or _same_kind(type(result).__name__, fix.get("kind")):
+                    built = "_MapDataset" if swapped is not None else type(result).__name__  # the swap ends in a repeat
+                    if _same_kind(built, fix.get("kind")):
                         result = fixes.follow(i, fix, result)
             return result
 
@@ -128,6 +131,11 @@ class Fixes:
 
     def cache_refusal(self, dataset) -> str | None:
         """Why the dataset cannot be cached in memory here, or None."""
+        if _shuffled(dataset):
+            return (
+                "a shuffle() below it reshuffles every epoch, and a cache after it would replay the first epoch's "
+                "order in every later one: shuffle after the cache (`.cache().shuffle(n)`)"
+            )
         count = self.tf.get_static_value(dataset.cardinality())
         if count is None:
             return "it is built inside a traced function (graph mode), where its length cannot be read"
@@ -162,6 +170,18 @@ class Fixes:
                 }
             )
         return found
+
+
+def _shuffled(dataset) -> bool:
+    """Whether a shuffle lies below the dataset, along its first inputs."""
+    for _ in range(64):
+        if "Shuffle" in type(dataset).__name__:
+            return True
+        inputs = dataset._inputs() if hasattr(dataset, "_inputs") else []
+        if not inputs:
+            return False
+        dataset = inputs[0]
+    return False
 
 
 def _same_kind(built: str, recorded: str | None) -> bool:
