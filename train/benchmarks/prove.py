@@ -315,8 +315,8 @@ def _not_made(together: dict, optimized: dict, made: Plan, rungs: dict, run_valu
     """Each key the optimized preset sets otherwise than the proved fixes together, and why no proved fix set it."""
     found = []
     for key, value in optimized.items():
-        if together.get(key) == value:
-            continue
+        if together.get(key) == value or (key in together and value == "auto"):
+            continue  # made; a rung's explicit value stands for the preset's auto (steps_per_execution 16)
         setting = [name for name, r in rungs.items() if key in r["set"]]
         # the rung that sets the optimized preset's value (pipeline.augment: batched, not per_example)
         rung = next((name for name in setting if str(rungs[name]["set"][key]) == str(value)), None)

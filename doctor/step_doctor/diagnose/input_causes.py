@@ -200,7 +200,7 @@ def sequential_map(b: Blame) -> None:
     step, budget = b.pipeline.step, b.pipeline.budget
     parallel = (
         b.spread,
-        f"Write `.map(f, num_parallel_calls=tf.data.AUTOTUNE)` (removes about {ms(b.spread)} per step here: "
+        f"write `.map(f, num_parallel_calls=tf.data.AUTOTUNE)` (removes about {ms(b.spread)} per step here: "
         f"{gain(step, b.spread):.2f}x)",
     )
     options = [parallel]
