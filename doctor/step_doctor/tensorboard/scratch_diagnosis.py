@@ -5,7 +5,7 @@ diagnose() hands the profile to xprof's converter, which writes cache files
 TensorBoard that serves it (Compose mounts runs/ read-only; a shared results disk), and a viewer
 must not change what it views anyway. So the run is analysed through a mirror: a temporary folder
 of symbolic links to the run's profile files and the records diagnose reads beside them
-(summary.json, config.yaml, in the run's folder and the one above), laid out as diagnose expects.
+(RECORDS, in the run's folder and the one above), laid out as diagnose expects.
 The converter's cache lands in the mirror, which is removed afterwards; the links are removed,
 never their targets.
 """
@@ -22,7 +22,10 @@ from step_doctor import diagnose as analyser
 from step_doctor.diagnose.diagnosis import Diagnosis, RunDiagnosis, UnreadableRun
 from step_doctor.tensorboard.discovery import Run, regular_file
 
-RECORDS = ("summary.json", "config.yaml")  # what diagnose reads beside a profile (diagnose/device.py, report.py)
+# what diagnose reads beside a profile: the run's summary and config (diagnose/device.py, report.py), and what
+# `step-doctor profile` and the template's profiler write there: the lines that built the datasets, the proofs, the
+# process CPU over the window (dataset_sources.py, proofs.py, cpu_budget.py)
+RECORDS = ("summary.json", "config.yaml", "dataset_sources.json", "proofs.json", "process_cpu.json")
 
 
 def _link_records(source: Path, target: Path) -> None:
