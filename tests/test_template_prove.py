@@ -15,6 +15,7 @@ from step_doctor.diagnose.recommendation import SPEED, Recommendation
 from tests.conftest import ROOT, SHORT_RUN, data_sets, run_cli
 from train import config
 from train.benchmarks import ladder, prove
+from train.benchmarks.tune.overlay import flatten
 
 
 def rec(cause: str, gain: float = 1.5, estimates: dict | None = None, stage: str | None = "Iterator::Root::Map"):
@@ -69,7 +70,7 @@ def test_the_optimized_preset_as_an_overlay_of_naive_and_what_no_proved_fix_made
     made = prove.plan(Diagnosed(rec("python-generator"), rec("no-prefetch")), RUNGS, allow=set())
     made.candidates[0].verdict = None
     made.candidates[0].why = "out of memory"
-    values = prove.flat(config.to_dict(naive))
+    values = flatten(config.to_dict(naive))
     not_made = prove._not_made({"pipeline.prefetch": "auto"}, overlay, made, RUNGS, values)
     missing = {d["key"]: d["why"] for d in not_made}
     assert {d["key"]: d["run"] for d in not_made}["pipeline.batch_size"] == 32  # the run's own value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
@@ -34,3 +35,8 @@ def cpu_flags() -> set[str]:
 def cpu_bf16() -> bool:
     """The CPU has bfloat16 units (AVX512_BF16 or AMX)."""
     return bool(cpu_flags() & BF16_FLAGS)
+
+
+def cpu_record() -> dict:
+    """The CPU a measurement ran on, as the benchmarks' reports write it."""
+    return {"model": cpu_model(), "bf16_units": cpu_bf16(), "cores": os.cpu_count()}

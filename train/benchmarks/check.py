@@ -176,7 +176,7 @@ def main(opts: CheckOptions) -> int:
         all(aa["passed"] for aa in result["aa"].values()) and result["order"]["passed"] for result in results.values()
     )
     load = {"before": list(load_before), "after": list(os.getloadavg())}
-    cpu = {"model": machine.cpu_model(), "bf16_units": machine.cpu_bf16(), "cores": os.cpu_count()}
+    cpu = machine.cpu_record()
     report = {"passed": passed, "load_average": load, "cpu": cpu, "cores": os.cpu_count(), "scenarios": results}
     files.write_json(out / "check.json", report)
     before, after = (", ".join(f"{x:.2f}" for x in load[when]) for when in ("before", "after"))

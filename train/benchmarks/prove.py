@@ -35,7 +35,7 @@ from train.benchmarks.compare import fit_in_subprocess
 from train.benchmarks.options import ProveOptions
 from train.benchmarks.report_writer import ReportWriter
 from train.benchmarks.tune.measure import TrialMeasure
-from train.benchmarks.tune.overlay import as_sets
+from train.benchmarks.tune.overlay import as_sets, flatten
 from train.benchmarks.tune.search import CandidateFailed
 from train.core import files
 from train.core.errors import RunFailed, UserError
@@ -102,8 +102,8 @@ def run_diagnosis(run: Path) -> RunDiagnosis:
     return item
 
 
-def plan(item: RunDiagnosis, rungs: dict[str, dict], allow: set[str], tried: set[str] = frozenset()) -> Plan:
-    """The rung to measure for each fix the doctor names (but those `tried` in an earlier pass), and why each other
+def plan(item: RunDiagnosis, rungs: dict[str, dict], allow: set[str], proved: set[str] = frozenset()) -> Plan:
+    """The rung to measure for each fix the doctor names (but those `proved` in an earlier pass), and why each other
     fix is not measured."""
     made = Plan()
     by_rung: dict[str, Candidate] = {}
@@ -128,7 +128,7 @@ def plan(item: RunDiagnosis, rungs: dict[str, dict], allow: set[str], tried: set
                     {"cause": rec.cause, "rung": name, "why": f"{changes}: tried with --allow {allowed}"}
                 )
                 continue
-            if name in tried:
+            if name in proved:
                 continue
             if name in by_rung:
                 by_rung[name].causes.append(rec.cause)
@@ -138,19 +138,9 @@ def plan(item: RunDiagnosis, rungs: dict[str, dict], allow: set[str], tried: set
     return made
 
 
-def flat(values: dict, prefix: str = "") -> dict:
-    found = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            found.update(flat(value, f"{prefix}{key}."))
-        else:
-            found[f"{prefix}{key}"] = value
-    return found
-
-
 def preset_as_overlay(base, preset) -> dict:
     """The keys `preset` sets otherwise than `base` (their speed sections), as an overlay of `base`."""
-    mine, theirs = flat(config_lib.to_dict(base)), flat(config_lib.to_dict(preset))
+    mine, theirs = flatten(config_lib.to_dict(base)), flatten(config_lib.to_dict(preset))
     return {
         key: value
         for key, value in theirs.items()
@@ -194,7 +184,7 @@ def main(opts: ProveOptions) -> int:
                     stopped = f"pass {number} could not profile the fixes proved so far: {error}"
                     break
             proved = {c.rung for c in made.candidates if c.verdict and c.verdict.faster}
-            found_now = plan(item, rungs, set(opts.allow), tried=proved)  # a rung of no gain may gain now
+            found_now = plan(item, rungs, set(opts.allow), proved=proved)  # a rung of no gain may gain now
             made.refused += [r for r in found_now.refused if r not in made.refused]
             for candidate in found_now.candidates:
                 candidate.passed, candidate.against = number, dict(state)
@@ -211,7 +201,7 @@ def main(opts: ProveOptions) -> int:
         together_ratios, optimized_ratios, aa = _together(measure, state, optimized, load, rounds)
     finally:
         measure.close()
-    run_values = flat(config_lib.to_dict(base))
+    run_values = flatten(config_lib.to_dict(base))
     measured = {"together": together_ratios, "optimized": optimized_ratios, "aa": aa}
     result = _result(run, made, state, optimized, measured, rungs, found, opts, run_values)
     result["stopped"] = stopped
@@ -280,7 +270,7 @@ def _result(run, made, together, optimized, measured, rungs, found, opts, run_va
     return {
         "run": str(run),
         "device": found.describe(),
-        "cpu": {"model": machine.cpu_model(), "bf16_units": machine.cpu_bf16(), "cores": os.cpu_count()},
+        "cpu": machine.cpu_record(),
         "load_average": list(os.getloadavg()),
         "rounds": opts.trials.rounds,
         "seconds": opts.trials.seconds,

@@ -101,11 +101,11 @@ class Together:
         return dataclasses.asdict(self)
 
 
-def together(ranked: list[Recommendation], budget, step_ms: float, input_ms: float) -> Together | None:
+def together(ranked: list[Recommendation], budget, step_ms: float, input_ms: float, least: int = 2) -> Together | None:
     """The speed fixes of `ranked` whose estimates were made within `budget`, estimated together; None for fewer
-    than two."""
+    than `least`."""
     fixes = [r for r in ranked if r.kind == SPEED and r.frees is not None]
-    if len(fixes) < 2:
+    if not fixes or len(fixes) < least:
         return None
     removed = budget.together([(r.stage, *r.frees) for r in fixes], input_ms)
     return Together(tuple(r.cause for r in fixes), round(removed, 3), gain(step_ms, removed))

@@ -34,7 +34,8 @@ from pathlib import Path
 from step_doctor import files
 from step_doctor.diagnose.diagnosis import RunDiagnosis
 from step_doctor.diagnose.proofs import FILE, NO_GAIN, NOT_PROVED, PROVED, SLOWER, UNCLEAR, Proof
-from step_doctor.diagnose.recommendation import CORRECTNESS, gain
+from step_doctor.diagnose.recommendation import CORRECTNESS
+from step_doctor.diagnose.recommendation import together as together_of
 from step_doctor.profile import patch, runner
 
 # cause -> the fixes that test it in memory, each with what it needs to be allowed (None: it changes nothing computed)
@@ -122,11 +123,13 @@ def plan(item: RunDiagnosis, allow: set[str], cwd: Path) -> tuple[list[Candidate
 
 
 def _together_estimate(item: RunDiagnosis, tried: list) -> float | None:
-    """The gain of the tried recommendations' fixes together, within the cores' budget (cpu_budget.py)."""
-    parts = [(r.stage, *r.frees) for r in tried if r.frees is not None]
-    if item.budget is None or len(parts) < len(tried) or not parts:
+    """The gain of the tried recommendations' fixes together, within the cores' budget (recommendation.together);
+    None where one of them was not estimated within it."""
+    budget = item.budget
+    if budget is None or any(r.frees is None for r in tried):
         return None
-    return gain(item.budget.step_ms, item.budget.together(parts, item.budget.step_ms - item.budget.rest_ms))
+    found = together_of(tried, budget, budget.step_ms, budget.step_ms - budget.rest_ms, least=1)
+    return found.estimated_gain if found else None
 
 
 def _unproved(label, cause, stage, estimate, why) -> Proof:
