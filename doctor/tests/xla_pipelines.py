@@ -187,7 +187,7 @@ def text_bucketed_xla_large_batch(files):
 
 
 def text_bucketed(files):
-    return bucketed(), classifier(jit_compile=False), {"steps_per_epoch": 20}
+    return bucketed(), classifier(jit_compile=False), {"steps_per_epoch": PROFILED_FROM["text_bucketed"] + 15}
 
 
 def text_padded(files):
@@ -198,6 +198,12 @@ def text_padded(files):
 # at bucketing against the model's (input-bound here); its own test (test_diagnose_corpus.py) measures from it what
 # a larger batch does not grow.
 NOT_RECORDED = {"text_bucketed_xla_large_batch"}
+# Cases profiled from a later step than user_pipelines.START: the bucketed pipeline's first steps are its ramp-up
+# (each bucket's window filling at its own rate), which on TensorFlow 2.17 read input-bound in 4 of 8 profiles from
+# step 3 (waits of 26-41 %) and in 1 of 12 from step 25, 2-core Intel Xeon with AVX512_BF16. That one is real: the
+# bucketing runs one window at a time on a core the model's ops share, so the record allows it (corpus_expectations).
+# Under XLA (text_bucketed_xla) the first steps stay in the window: its four compiles are what that case is about.
+PROFILED_FROM = {"text_bucketed": 25}
 CASES = {
     "text_bucketed_xla": text_bucketed_xla,
     "text_padded_xla": text_padded_xla,
