@@ -81,3 +81,16 @@ def test_batch_larger_than_the_dataset_is_a_clear_error(tiny_sets):
     cfg = config.load(ROOT / "configs/optimized.yaml", tiny_sets + ["pipeline.batch_size=512"])
     with pytest.raises(UserError, match=r"batch_size \(512\) is larger than the training split"):
         fit_loop.run(cfg, log=quiet)
+
+
+def test_the_profile_window_follows_the_epoch_that_fills_the_cache():
+    """A window in the cache's filling epoch shows decoding the later epochs do not do: it moves past that epoch
+    where the run goes on long enough, and stays where it was otherwise (or without a cache)."""
+    cfg = config.load(ROOT / "configs" / "base.yaml", ["profile.start_step=30", "profile.num_steps=10"])
+    assert fit_loop.profile_window(cfg, total_steps=1000, steps_per_execution=1, filling=0) == 30
+    assert fit_loop.profile_window(cfg, total_steps=1000, steps_per_execution=1, filling=312) == 342
+    # 12 steps traced from 342 end at 354: a run of 353 steps cannot reach past the filling epoch
+    assert fit_loop.profile_window(cfg, total_steps=354, steps_per_execution=1, filling=312) == 342
+    assert fit_loop.profile_window(cfg, total_steps=353, steps_per_execution=1, filling=312) == 30
+    assert fit_loop.profile_window(cfg, total_steps=20, steps_per_execution=1, filling=312) == 8  # short: earlier
+    assert fit_loop.profile_window(cfg, total_steps=1000, steps_per_execution=16, filling=312) == 342

@@ -33,9 +33,18 @@ def run(
     return train(setup, log=log)
 
 
-def _profile_window(cfg: Config, total_steps: int, steps_per_execution: int) -> int:
-    """The first profiled step, moved earlier when the run is too short to reach the window."""
+def profile_window(cfg: Config, total_steps: int, steps_per_execution: int, filling: int = 0) -> int:
+    """The first profiled step of this process: profile.start_step steps into the steady state, moved earlier when
+    the run is too short to reach the window.
+
+    `filling`: the steps in which the pipeline's cache fills (one pass over the training split; 0 without a cache).
+    They decode what later epochs read from the cache, so a window in them shows work the run then stops doing (and
+    the doctor would prescribe a cache that is already there): the window follows them where the run goes on long
+    enough, as the step timer's warm-up leaves the first epoch out of the steady-state figures.
+    """
     needed = (cfg.profile.num_steps + 2) * steps_per_execution
+    if filling and filling + cfg.profile.start_step <= total_steps - needed:
+        return filling + cfg.profile.start_step
     return max(0, min(cfg.profile.start_step, total_steps - needed))
 
 
@@ -63,7 +72,8 @@ class Callbacks:
         self.timer = StepTimer(setup.global_batch, self.warmup, setup.run_dir / "train", fixed_batch=self.meter is None)
         self.profiler = None
         if cfg.profile.enabled:
-            start = _profile_window(cfg, steps * epochs - done_steps, setup.choices.steps_per_execution)
+            filling = setup.epoch_steps if setup.workload.caches(cfg) else 0  # a process fills its own cache
+            start = profile_window(cfg, steps * epochs - done_steps, setup.choices.steps_per_execution, filling)
             self.profiler = StepTraceProfiler(setup.run_dir, start, cfg.profile.num_steps)
         self.saver = None
         if cfg.checkpoint.enabled:

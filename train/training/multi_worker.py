@@ -44,7 +44,7 @@ from train.core import files
 from train.core.errors import RunFailed, Stopped, UserError
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.throughput import StepTimer
-from train.training import checkpoint, cluster, guards, plan, prepare_run, run_summary
+from train.training import checkpoint, cluster, fit_loop, guards, plan, prepare_run, run_summary
 from train.training.compiled_model import build_model
 from train.training.epoch import EpochEnd
 from train.training.run_setup import RunSetup
@@ -287,7 +287,8 @@ class _Loop:
         val_ds = setup.build("validation") if self.chief else None
         ordered = [None, self.timer, EpochEnd(setup.run_dir, val_ds, self.watchdog)]
         if cfg.profile.enabled:
-            start = max(0, min(cfg.profile.start_step, remaining - cfg.profile.num_steps - 2))
+            filling = setup.epoch_steps if setup.workload.caches(cfg) else 0
+            start = fit_loop.profile_window(cfg, remaining, 1, filling)
             ordered[0] = StepTraceProfiler(worker_dir(setup), start, cfg.profile.num_steps)
         if self.chief and cfg.checkpoint.enabled:
             self.saver = checkpoint.Checkpointer(

@@ -48,6 +48,7 @@ def prepare(
     setup = RunSetup(
         cfg, spec, found, choices, made.strategy, task, made.global_batch, made.steps_per_epoch, config_path, build_hint
     )
+    setup.epoch_steps = made.epoch_steps
     setup.damaged, setup.skipped = workload.check_data(cfg, spec, build_hint)
     if task.is_chief:
         setup.resume = run_folder.prepare(cfg, fresh)

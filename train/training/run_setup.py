@@ -31,6 +31,7 @@ class RunSetup:
     resume: dict | None = None
     damaged: dict = dataclasses.field(default_factory=dict)  # shard -> readable records (skip_corrupt)
     skipped: list = dataclasses.field(default_factory=list)
+    epoch_steps: int = 0  # one pass over the training split: a cache fills in it
 
     @property
     def workload(self):
