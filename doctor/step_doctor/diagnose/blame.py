@@ -133,8 +133,30 @@ class Blame:
         return st.function_line(self.fn, self.parallelism)
 
     @property
+    def after_cache(self) -> bool:
+        """It reads a cache's output and decodes nothing: a map written after a cache is written there to run every
+        epoch (augmentation), and stateless random ops (tf.random.stateless_*, seeded per element) can be missing
+        from the trace (the template's per-example augmentation recorded none), so the trace cannot say it is fixed."""
+        return not self.shares.get("decode", 0.0) and any(
+            st.is_cache(s) and st.under(s.path, self.head.path) for s in self.pipeline.stages
+        )
+
+    @property
     def deterministic(self) -> bool:
-        return self.shares.get("augmentation", 0.0) == 0.0 and self.shares.get("python", 0.0) == 0.0
+        """Whether a cache after this stage keeps what every epoch makes anyway: no augmentation or Python op ran in
+        its function, and it does not run after a cache."""
+        return not (self.shares.get("augmentation", 0.0) or self.shares.get("python", 0.0) or self.after_cache)
+
+    @property
+    def uncached(self) -> str:
+        """Why no cache is offered after a stage that runs after one (empty otherwise)."""
+        if not self.after_cache or self.shares.get("augmentation", 0.0) or self.shares.get("python", 0.0):
+            return ""
+        return (
+            " It runs after a cache, where maps are written to run every epoch, so no cache is offered after it "
+            "(random ops seeded per element may not show in the trace): if its ops are deterministic after all, "
+            "move the cache after it."
+        )
 
     @property
     def worked(self) -> float:
@@ -189,7 +211,8 @@ class Blame:
         repeated = any("Repeat" in s.kind for s in below)
         shuffled = any("Shuffle" in s.kind for s in below)
         return (
-            "its ops are deterministic (no augmentation op ran), so `.cache()` right after it keeps its output and "
+            "no random op of it was recorded (no augmentation op ran and it does not run after a cache), so "
+            "`.cache()` right after it keeps its output and "
             "removes it from every epoch after the first"
             + (
                 " (it reads a repeat(), so cache before the repeat: `ds.map(f).cache().repeat()` for "

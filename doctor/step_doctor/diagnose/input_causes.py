@@ -217,12 +217,13 @@ def sequential_map(b: Blame) -> None:
         else "so one call runs at a time"
     )
     busy = (
-        f"; the cores are {budget.busy:.0%} busy, so spreading the work gains little here and doing less of it "
-        "(a cache) gains what it frees"
+        f"; the cores are {budget.busy:.0%} busy, so spreading the work gains little here"
+        + (" and doing less of it (a cache) gains what it frees" if b.deterministic else "")
         if budget.saturated
         else ""
     )
     fix = ". Then: ".join(text[0].upper() + text[1:] if i == 0 else text for i, (_, text) in enumerate(options)) + "."
+    fix += b.uncached
     fix += " In this template: pipeline.parallel_calls: auto" + (", pipeline.cache: auto." if b.deterministic else ".")
     b.add(
         "sequential-map",
@@ -230,8 +231,9 @@ def sequential_map(b: Blame) -> None:
         options[0][0],
         f"{b.text}: a map written without num_parallel_calls (MapDataset), {rescued}; {b.ran}{busy}",
         fix,
-        f"Estimate: parallel calls spread the work over {b.pipeline.cores_note}, a cache removes its "
-        f"{ms(b.work_below)} of CPU per step; both within the cores' budget: {budget.words}. On a CPU-only profile "
+        f"Estimate: parallel calls spread the work over {b.pipeline.cores_note}"
+        + (f", a cache removes its {ms(b.work_below)} of CPU per step; both" if b.deterministic else ";")
+        + f" within the cores' budget: {budget.words}. On a CPU-only profile "
         "the map and the model share those cores, so whether the map is slow by itself or starved by the model "
         "cannot be told apart here." + b.counted,
         removes=removes,
@@ -287,7 +289,7 @@ def heavy_map(b: Blame) -> None:
     else:
         fix = (
             f"Give the pipeline more cores: {more_cores}; or move the work into the model (on the accelerator) "
-            "or offline. In this template: pipeline.data_service."
+            f"or offline.{b.uncached} In this template: pipeline.data_service."
         )
         caveat = f"the work over {b.pipeline.cores_note}."
     b.add(
@@ -358,7 +360,7 @@ def _shuffle_of_python_tokens(s: Stage, p: Pipeline, tokenizer: Stage, work: str
 
 
 def cache_after_augmentation(p: Pipeline) -> None:
-    for cache in (s for s in p.stages if "Cache" in s.kind or s.kind.startswith("Snapshot")):
+    for cache in (s for s in p.stages if st.is_cache(s)):
         for s in p.stages:
             fn = s.functions
             if not st.under(s.path, cache.path) or not fn or not fn.ops_ms.get("augmentation"):

@@ -111,6 +111,11 @@ def is_opener(stage: Stage) -> bool:
     return stage.kind == "FlatMap" or "Interleave" in stage.kind
 
 
+def is_cache(stage: Stage) -> bool:
+    """cache() in memory or to files, or a snapshot."""
+    return "Cache" in stage.kind or stage.kind.startswith("Snapshot")
+
+
 def under(path: str, root: str) -> bool:
     return path.startswith(root + "::")
 

@@ -89,9 +89,7 @@ def _alone(stage: Stage, p: Pipeline) -> Blame:
 def _decodes_every_epoch(stage: Stage, p: Pipeline) -> bool:
     """Its function mostly decodes, deterministically, and no cache keeps its output for later epochs."""
     b = _alone(stage, p)
-    cached = any(
-        ("Cache" in o.kind or o.kind.startswith("Snapshot")) and st.under(stage.path, o.path) for o in p.stages
-    )
+    cached = any(st.is_cache(o) and st.under(stage.path, o.path) for o in p.stages)
     return b.shares.get("decode", 0.0) >= 0.4 and b.deterministic and not cached
 
 
