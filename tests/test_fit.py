@@ -52,6 +52,7 @@ def test_every_shipped_preset_trains_a_few_steps(preset, tiny_sets):
 
     profile = saved["profile"]
     assert profile["has_step_markers"], profile
+    assert saved["profiled_steps_excluded"] >= 1  # traced steps run slower: not among the timed ones
     assert profile["steps"] >= 1 and saved["input_bound_percent"] is not None
     assert saved["cpu_utilization_percent"] is not None
 
@@ -89,8 +90,9 @@ def test_the_profile_window_follows_the_epoch_that_fills_the_cache():
     cfg = config.load(ROOT / "configs" / "base.yaml", ["profile.start_step=30", "profile.num_steps=10"])
     assert fit_loop.profile_window(cfg, total_steps=1000, steps_per_execution=1, filling=0) == 30
     assert fit_loop.profile_window(cfg, total_steps=1000, steps_per_execution=1, filling=312) == 342
-    # 12 steps traced from 342 end at 354: a run of 353 steps cannot reach past the filling epoch
+    # 12 steps traced from 342 end at 354: a shorter run starts them as late as it can, still past the filling epoch
     assert fit_loop.profile_window(cfg, total_steps=354, steps_per_execution=1, filling=312) == 342
-    assert fit_loop.profile_window(cfg, total_steps=353, steps_per_execution=1, filling=312) == 30
+    assert fit_loop.profile_window(cfg, total_steps=330, steps_per_execution=1, filling=312) == 318
+    assert fit_loop.profile_window(cfg, total_steps=323, steps_per_execution=1, filling=312) == 30  # none past it
     assert fit_loop.profile_window(cfg, total_steps=20, steps_per_execution=1, filling=312) == 8  # short: earlier
     assert fit_loop.profile_window(cfg, total_steps=1000, steps_per_execution=16, filling=312) == 342

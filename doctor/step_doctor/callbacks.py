@@ -81,6 +81,11 @@ class StepTraceProfiler(StepCallback):
             self._trace = tf.profiler.experimental.Trace("train", step_num=self.step, _r=1)
             self._trace.__enter__()
 
+    @property
+    def tracing(self) -> bool:
+        """Whether the step that began last is traced (read after this callback's step_begin: a timer left out)."""
+        return self._trace is not None
+
     def step_end(self, steps, logs):
         if self._trace is not None:
             self._trace.__exit__(None, None, None)

@@ -50,3 +50,4 @@ def test_no_cache_is_offered_after_a_map_that_runs_after_a_cache(tmp_path):
         assert "cache" not in (r.estimates or {}), r.estimates
         assert "`.cache()` right after it" not in r.fix, r.fix
         assert "runs after a cache" in r.fix and "move the cache after it" in r.fix, r.fix
+        assert "shuffle after the cache (`.cache().shuffle(n)`)" in r.fix, r.fix  # a shuffle is under the map

@@ -12,15 +12,27 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from step_doctor.callbacks import StepCallback
+from step_doctor.callbacks import StepCallback, StepTraceProfiler
 from train.core import files
 
 
 class StepTimer(StepCallback):
     """Times every training execution; writes examples/s and step time per epoch to TensorBoard."""
 
-    def __init__(self, global_batch: int, warmup_steps: int, logdir: Path | None = None, fixed_batch: bool = True):
+    def __init__(
+        self,
+        global_batch: int,
+        warmup_steps: int,
+        logdir: Path | None = None,
+        fixed_batch: bool = True,
+        profiler: StepTraceProfiler | None = None,
+    ):
         super().__init__()
+        # Steps the profiler traces run slower (its tracing is their cost, not the run's): left out like warm-up. It
+        # is a callback before this one, so at this one's step_begin it says whether the step is traced.
+        self.profiler = profiler
+        self._traced = False
+        self.traced_records: list[tuple[int, int, float]] = []
         self.batch_size = global_batch
         # Where a workload's batches hold different numbers of examples (text: bucketed or packed rows), examples/s
         # from the nominal batch would be wrong: only the step time is written (its meter counts what was consumed).
@@ -37,11 +49,14 @@ class StepTimer(StepCallback):
             self._writer = files.scalar_writer(self.logdir, ".throughput")
 
     def step_begin(self):
+        self._traced = self.profiler is not None and self.profiler.tracing
         self._started = time.perf_counter()
 
     def step_end(self, steps, logs):
         seconds = time.perf_counter() - self._started
-        if self.step >= self.warmup_steps:
+        if self._traced:
+            self.traced_records.append((self.epoch, steps, seconds))
+        elif self.step >= self.warmup_steps:
             if self.steady_since is None:
                 self.steady_since = time.time() - seconds
             self.records.append((self.epoch, steps, seconds))
@@ -49,7 +64,9 @@ class StepTimer(StepCallback):
             self.warmup_records.append((self.epoch, steps, seconds))
 
     def on_epoch_end(self, epoch, logs=None):
-        rows = [r for r in self.records if r[0] == epoch] or [r for r in self.warmup_records if r[0] == epoch]
+        rows = [r for r in self.records if r[0] == epoch] or [
+            r for r in self.warmup_records + self.traced_records if r[0] == epoch
+        ]
         if self._writer is None or not rows:
             return
         steps, seconds = sum(r[1] for r in rows), sum(r[2] for r in rows)
@@ -69,15 +86,16 @@ class StepTimer(StepCallback):
 
     def summary(self) -> dict:
         """Steady state (after warm-up), plus the overall and per-epoch rates for transparency."""
-        rows = self.records or self.warmup_records
+        rows = self.records or self.warmup_records or self.traced_records  # a run too short for the others
         steps, seconds = sum(r[1] for r in rows), sum(r[2] for r in rows)
-        epochs = sorted({r[0] for r in self.warmup_records + self.records})
-        everything = self.warmup_records + self.records
+        everything = self.warmup_records + self.records + self.traced_records
+        epochs = sorted({r[0] for r in everything})
         return {
             "examples_per_sec": self._rate(rows),
             "step_time_ms": 1000 * seconds / steps if steps else None,
             "measured_steps": steps,
             "warmup_excluded": bool(self.records),
+            "profiled_steps_excluded": sum(r[1] for r in self.traced_records),
             "examples_per_sec_overall": self._rate(everything),
             "epoch_examples_per_sec": [self._rate([r for r in everything if r[0] == e]) for e in epochs],
         }

@@ -38,13 +38,14 @@ def profile_window(cfg: Config, total_steps: int, steps_per_execution: int, fill
     the run is too short to reach the window.
 
     `filling`: the steps in which the pipeline's cache fills (one pass over the training split; 0 without a cache).
+    The traced steps are left out of the timed ones (StepTimer), wherever the window falls.
     They decode what later epochs read from the cache, so a window in them shows work the run then stops doing (and
     the doctor would prescribe a cache that is already there): the window follows them where the run goes on long
     enough, as the step timer's warm-up leaves the first epoch out of the steady-state figures.
     """
     needed = (cfg.profile.num_steps + 2) * steps_per_execution
-    if filling and filling + cfg.profile.start_step <= total_steps - needed:
-        return filling + cfg.profile.start_step
+    if filling and filling <= total_steps - needed:
+        return min(filling + cfg.profile.start_step, total_steps - needed)
     return max(0, min(cfg.profile.start_step, total_steps - needed))
 
 
@@ -66,15 +67,27 @@ class Callbacks:
         self.guard = guards.NanGuard(done_steps)
         # what the workload measures beside step time (text: real tokens, padding, shapes, compiles); None: a step
         # consumes the global batch of examples, and examples/s is counted from it
-        self.meter = setup.workload.meter(
-            self.warmup, setup.run_dir / "train", setup.choices.jit_compile, setup.run_dir, setup.task.is_chief
-        )
-        self.timer = StepTimer(setup.global_batch, self.warmup, setup.run_dir / "train", fixed_batch=self.meter is None)
         self.profiler = None
         if cfg.profile.enabled:
-            filling = setup.epoch_steps if setup.workload.caches(cfg) else 0  # a process fills its own cache
+            # a process fills its own cache; a resumed one's first step skips the batches done, through the cache
+            filling = max(0, setup.epoch_steps - done_steps) if setup.workload.caches(cfg) else 0
             start = profile_window(cfg, steps * epochs - done_steps, setup.choices.steps_per_execution, filling)
             self.profiler = StepTraceProfiler(setup.run_dir, start, cfg.profile.num_steps)
+        self.meter = setup.workload.meter(
+            self.warmup,
+            setup.run_dir / "train",
+            setup.choices.jit_compile,
+            setup.run_dir,
+            setup.task.is_chief,
+            profiler=self.profiler,
+        )
+        self.timer = StepTimer(
+            setup.global_batch,
+            self.warmup,
+            setup.run_dir / "train",
+            fixed_batch=self.meter is None,
+            profiler=self.profiler,
+        )
         self.saver = None
         if cfg.checkpoint.enabled:
             self.saver = checkpoint.Checkpointer(

@@ -274,7 +274,14 @@ class _Loop:
         setup, cfg = self.setup, self.setup.cfg
         remaining = self.steps * self.epochs - done
         warmup = plan.warmup_steps(cfg.train.warmup_steps, self.steps, self.epochs - done // self.steps)
-        self.timer = StepTimer(setup.global_batch, warmup)
+        profiler = None
+        if cfg.profile.enabled:
+            # the cache fills in one pass over the split at the global batch (a worker's own pass where its shards are
+            # an even share); a resumed worker's first step skips the batches done, through the cache
+            filling = max(0, setup.epoch_steps - done) if setup.workload.caches(cfg) else 0
+            start = fit_loop.profile_window(cfg, remaining, 1, filling)
+            profiler = StepTraceProfiler(worker_dir(setup), start, cfg.profile.num_steps)
+        self.timer = StepTimer(setup.global_batch, warmup, profiler=profiler)
         service = setup.workload.data_service(cfg)
         timeout = guards.stall_timeout(cfg.train.stall_timeout_s, service)
         if timeout:
@@ -285,11 +292,7 @@ class _Loop:
                 "the data service workers and every training worker run).",
             )
         val_ds = setup.build("validation") if self.chief else None
-        ordered = [None, self.timer, EpochEnd(setup.run_dir, val_ds, self.watchdog)]
-        if cfg.profile.enabled:
-            filling = setup.epoch_steps if setup.workload.caches(cfg) else 0
-            start = fit_loop.profile_window(cfg, remaining, 1, filling)
-            ordered[0] = StepTraceProfiler(worker_dir(setup), start, cfg.profile.num_steps)
+        ordered = [profiler, self.timer, EpochEnd(setup.run_dir, val_ds, self.watchdog)]
         if self.chief and cfg.checkpoint.enabled:
             self.saver = checkpoint.Checkpointer(
                 setup.run_dir,

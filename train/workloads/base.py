@@ -243,9 +243,11 @@ class Workload:
         each batch holds as the step takes it) and `count()` (the total so far, in `unit`)."""
         return None
 
-    def meter(self, warmup_steps: int, logdir: Path, jit_compile: bool, run_dir: Path, chief: bool):
+    def meter(self, warmup_steps: int, logdir: Path, jit_compile: bool, run_dir: Path, chief: bool, profiler=None):
         """None, or what a run measures beside step time: `wrap(dataset)`, `callback` (a Keras callback) and
-        `finish()` -> (figures for summary.json under the workload's name, examples/s or None)."""
+        `finish()` -> (figures for summary.json under the workload's name, examples/s or None). `profiler`: the
+        run's StepTraceProfiler or None; the steps it traces (`profiler.tracing` at a step's start) run slower
+        and are left out of steady-state figures, as the step timer leaves them out."""
         return None
 
     def describe_figures(self, figures: dict | None) -> str:

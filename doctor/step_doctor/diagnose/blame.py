@@ -137,9 +137,10 @@ class Blame:
         """It reads a cache's output and decodes nothing: a map written after a cache is written there to run every
         epoch (augmentation), and stateless random ops (tf.random.stateless_*, seeded per element) can be missing
         from the trace (the template's per-example augmentation recorded none), so the trace cannot say it is fixed."""
-        return not self.shares.get("decode", 0.0) and any(
-            st.is_cache(s) and st.under(s.path, self.head.path) for s in self.pipeline.stages
-        )
+        decodes = self.shares.get("decode", 0.0) or self.shares.get("file read", 0.0)
+        # decoding ops outside the decode category's list (DecodeRaw, ParseTensor, ...): fixed, as decoding is
+        decodes = decodes or any(op.startswith(("Decode", "Parse")) for op, _ in (self.fn.top_ops if self.fn else ()))
+        return not decodes and any(st.is_cache(s) and st.under(s.path, self.head.path) for s in self.pipeline.stages)
 
     @property
     def deterministic(self) -> bool:
@@ -155,7 +156,7 @@ class Blame:
         return (
             " It runs after a cache, where maps are written to run every epoch, so no cache is offered after it "
             "(random ops seeded per element may not show in the trace): if its ops are deterministic after all, "
-            "move the cache after it."
+            f"move the cache after it{self.cache_moves}."
         )
 
     @property
@@ -205,27 +206,31 @@ class Blame:
         self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head.path, removes=removes)
 
     @property
-    def cache_line(self) -> str:
-        element = st.element_bytes(self.head)
+    def cache_moves(self) -> str:
+        """What else a cache right after this stage asks for: before a repeat below it, a shuffle below it after."""
         below = [s for s in self.pipeline.stages if st.under(s.path, self.head.path)]
         repeated = any("Repeat" in s.kind for s in below)
         shuffled = any("Shuffle" in s.kind for s in below)
         return (
+            " (it reads a repeat(), so cache before the repeat: `ds.map(f).cache().repeat()` for "
+            "`ds.repeat().map(f)`, the same elements in the same order)"
+            if repeated
+            else ""
+        ) + (
+            "; a shuffle below it would then replay the first epoch's order, so shuffle after the cache "
+            "(`.cache().shuffle(n)`)"
+            if shuffled
+            else ""
+        )
+
+    @property
+    def cache_line(self) -> str:
+        element = st.element_bytes(self.head)
+        return (
             "no random op of it was recorded (no augmentation op ran and it does not run after a cache), so "
             "`.cache()` right after it keeps its output and "
             "removes it from every epoch after the first"
-            + (
-                " (it reads a repeat(), so cache before the repeat: `ds.map(f).cache().repeat()` for "
-                "`ds.repeat().map(f)`, the same elements in the same order)"
-                if repeated
-                else ""
-            )
-            + (
-                "; a shuffle below it would then replay the first epoch's order, so shuffle after the cache "
-                "(`.cache().shuffle(n)`)"
-                if shuffled
-                else ""
-            )
+            + self.cache_moves
             + (
                 f" ({element / 1e6:.2f} MB per element in memory; `.cache(filename)` writes to disk instead)"
                 if element

@@ -93,6 +93,8 @@ def plan(item: RunDiagnosis, allow: set[str], cwd: Path) -> tuple[list[Candidate
             unproved.append(_unproved(rec.title, rec.cause, rec.stage, rec.estimated_gain, why))
             continue
         for name in names:
+            if rec.estimates is not None and name not in rec.estimates:
+                continue  # a fix this cause does not offer here (no cache after a map that may be random)
             if name in NEEDS_ALLOW and NEEDS_ALLOW[name] not in allow:
                 why = (
                     f"{NAMES[name]} changes the {NEEDS_ALLOW[name]} of what the script reads; "

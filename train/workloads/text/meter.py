@@ -85,9 +85,11 @@ class TokenCounter:
 class TextFigures(keras.callbacks.Callback):
     """Per execution: the tokens it consumed, its time, its batch shape; per epoch and at the end, the figures."""
 
-    def __init__(self, counter: TokenCounter, warmup_steps: int, logdir: Path | None, jit_compile: bool):
+    def __init__(self, counter: TokenCounter, warmup_steps: int, logdir: Path | None, jit_compile: bool, profiler=None):
         super().__init__()
         self.counter, self.warmup_steps, self.logdir, self.jit_compile = counter, warmup_steps, logdir, jit_compile
+        self.profiler = profiler  # its traced steps are left out of the steady state, as StepTimer leaves them out
+        self._traced = False
         self.step = 0
         self.steady = [0.0, 0.0, 0.0, 0.0]  # real tokens, slots, texts, batches after warm-up
         self.steady_seconds = 0.0
@@ -106,6 +108,7 @@ class TextFigures(keras.callbacks.Callback):
             self._writer = files.scalar_writer(self.logdir, ".text")
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._traced = self.profiler is not None and self.profiler.tracing
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -122,7 +125,7 @@ class TextFigures(keras.callbacks.Callback):
         self.epoch_seconds += seconds
         self.every = [a + b for a, b in zip(self.every, delta)]
         self.every_seconds += seconds
-        if self.step >= self.warmup_steps:
+        if self.step >= self.warmup_steps and not self._traced:
             self.steady = [a + b for a, b in zip(self.steady, delta)]
             self.steady_seconds += seconds
         self.step += steps
@@ -177,9 +180,9 @@ class TextMeter:
     training dataset (`wrap`), the callback that reads it (`callback`), the XLA dump of the chief's compiles,
     and at the end the figures (`finish`), also written as TensorBoard scalars (text/run_*)."""
 
-    def __init__(self, warmup_steps: int, logdir: Path, jit_compile: bool, run_dir: Path, chief: bool):
+    def __init__(self, warmup_steps: int, logdir: Path, jit_compile: bool, run_dir: Path, chief: bool, profiler=None):
         self.counter = TokenCounter()
-        self.callback = TextFigures(self.counter, warmup_steps, logdir, jit_compile)
+        self.callback = TextFigures(self.counter, warmup_steps, logdir, jit_compile, profiler)
         self.logdir = logdir
         self.xla_dump = start_xla_dump(run_dir) if jit_compile and chief else None
 

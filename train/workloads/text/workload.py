@@ -143,10 +143,10 @@ class TextWorkload(Workload):
 
         return TokenCounter()
 
-    def meter(self, warmup_steps: int, logdir: Path, jit_compile: bool, run_dir: Path, chief: bool):
+    def meter(self, warmup_steps: int, logdir: Path, jit_compile: bool, run_dir: Path, chief: bool, profiler=None):
         from train.workloads.text.meter import TextMeter
 
-        return TextMeter(warmup_steps, logdir, jit_compile, run_dir, chief)
+        return TextMeter(warmup_steps, logdir, jit_compile, run_dir, chief, profiler)
 
     def describe_figures(self, figures: dict | None) -> str:
         figures = figures or {}
