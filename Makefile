@@ -195,7 +195,7 @@ clean: ## Remove runs/ and the built datasets (keeps .venv)
 SCRIPT ?=
 NEED_SCRIPT = @test -n "$(SCRIPT)" || { echo 'error: name the script and its arguments, e.g. make profile SCRIPT="my_train.py --epochs 3"' >&2; exit 2; }
 
-.PHONY: profile bench-prove bench-profile docker-profile gpu-check
+.PHONY: profile bench-prove bench-held-out bench-profile docker-profile gpu-check
 
 profile: setup ## Profile your own training script, unchanged, and diagnose it (SCRIPT="my_train.py ARGS")
 	$(NEED_SCRIPT)
@@ -206,6 +206,9 @@ gpu-check: setup ## The doctor on Keras-on-JAX, starved and fed: this machine's 
 
 bench-prove: setup ## The doctor's estimates against what profile --prove measures, on the planted corpus -> runs/prove-corpus/prove.{json,md}
 	PYTHONPATH=doctor $(PY) -m step_doctor_dev.prove_corpus $(ARGS)
+
+bench-held-out: setup ## The doctor's first fix on held-out scripts against the same fix by hand, and prove's -> runs/held-out/held_out.{json,md}
+	PYTHONPATH=doctor $(PY) -m step_doctor_dev.bench_held_out $(ARGS)
 
 bench-profile: setup ## What profile costs a run outside its capture window: a corpus script with and without it
 	PYTHONPATH=doctor $(PY) -m step_doctor_dev.bench_profile $(ARGS)
