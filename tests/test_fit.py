@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tests.conftest import NO_PROFILE, PROFILE_EARLY, ROOT, SHORT_RUN, quiet
 from train import config
-from train.training import devices, fit_loop
+from train.training import devices, fit_loop, plan
 
 PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml"))
 # Two epochs of 4 steps, with a profile window or without.
@@ -88,11 +88,11 @@ def test_the_profile_window_follows_the_epoch_that_fills_the_cache():
     """A window in the cache's filling epoch shows decoding the later epochs do not do: it moves past that epoch
     where the run goes on long enough, and stays where it was otherwise (or without a cache)."""
     cfg = config.load(ROOT / "configs" / "base.yaml", ["profile.start_step=30", "profile.num_steps=10"])
-    assert fit_loop.profile_window(cfg, total_steps=1000, steps_per_execution=1, filling=0) == 30
-    assert fit_loop.profile_window(cfg, total_steps=1000, steps_per_execution=1, filling=312) == 342
+    assert plan.profile_window(cfg, total_steps=1000, steps_per_execution=1, filling=0) == 30
+    assert plan.profile_window(cfg, total_steps=1000, steps_per_execution=1, filling=312) == 342
     # 12 steps traced from 342 end at 354: a shorter run starts them as late as it can, still past the filling epoch
-    assert fit_loop.profile_window(cfg, total_steps=354, steps_per_execution=1, filling=312) == 342
-    assert fit_loop.profile_window(cfg, total_steps=330, steps_per_execution=1, filling=312) == 318
-    assert fit_loop.profile_window(cfg, total_steps=323, steps_per_execution=1, filling=312) == 30  # none past it
-    assert fit_loop.profile_window(cfg, total_steps=20, steps_per_execution=1, filling=312) == 8  # short: earlier
-    assert fit_loop.profile_window(cfg, total_steps=1000, steps_per_execution=16, filling=312) == 342
+    assert plan.profile_window(cfg, total_steps=354, steps_per_execution=1, filling=312) == 342
+    assert plan.profile_window(cfg, total_steps=330, steps_per_execution=1, filling=312) == 318
+    assert plan.profile_window(cfg, total_steps=323, steps_per_execution=1, filling=312) == 30  # none past it
+    assert plan.profile_window(cfg, total_steps=20, steps_per_execution=1, filling=312) == 8  # short: earlier
+    assert plan.profile_window(cfg, total_steps=1000, steps_per_execution=16, filling=312) == 342

@@ -33,22 +33,6 @@ def run(
     return train(setup, log=log)
 
 
-def profile_window(cfg: Config, total_steps: int, steps_per_execution: int, filling: int = 0) -> int:
-    """The first profiled step of this process: profile.start_step steps into the steady state, moved earlier when
-    the run is too short to reach the window.
-
-    `filling`: the steps in which the pipeline's cache fills (one pass over the training split; 0 without a cache).
-    The traced steps are left out of the timed ones (StepTimer), wherever the window falls.
-    They decode what later epochs read from the cache, so a window in them shows work the run then stops doing (and
-    the doctor would prescribe a cache that is already there): the window follows them where the run goes on long
-    enough, as the step timer's warm-up leaves the first epoch out of the steady-state figures.
-    """
-    needed = (cfg.profile.num_steps + 2) * steps_per_execution
-    if filling and filling <= total_steps - needed:
-        return min(filling + cfg.profile.start_step, total_steps - needed)
-    return max(0, min(cfg.profile.start_step, total_steps - needed))
-
-
 class Callbacks:
     """The callbacks of a `fit` run, in the order their cooperation needs.
 
@@ -71,7 +55,7 @@ class Callbacks:
         if cfg.profile.enabled:
             # a process fills its own cache; a resumed one's first step skips the batches done, through the cache
             filling = max(0, setup.epoch_steps - done_steps) if setup.workload.caches(cfg) else 0
-            start = profile_window(cfg, steps * epochs - done_steps, setup.choices.steps_per_execution, filling)
+            start = plan.profile_window(cfg, steps * epochs - done_steps, setup.choices.steps_per_execution, filling)
             self.profiler = StepTraceProfiler(setup.run_dir, start, cfg.profile.num_steps)
         self.meter = setup.workload.meter(
             self.warmup,

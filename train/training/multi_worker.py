@@ -44,7 +44,7 @@ from train.core import files
 from train.core.errors import RunFailed, Stopped, UserError
 from train.measure.monitor import MonitorCallback, Sampler
 from train.measure.throughput import StepTimer
-from train.training import checkpoint, cluster, fit_loop, guards, plan, prepare_run, run_summary
+from train.training import checkpoint, cluster, guards, plan, prepare_run, run_summary
 from train.training.compiled_model import build_model
 from train.training.epoch import EpochEnd
 from train.training.run_setup import RunSetup
@@ -279,7 +279,7 @@ class _Loop:
             # the cache fills in one pass over the split at the global batch (a worker's own pass where its shards are
             # an even share); a resumed worker's first step skips the batches done, through the cache
             filling = max(0, setup.epoch_steps - done) if setup.workload.caches(cfg) else 0
-            start = fit_loop.profile_window(cfg, remaining, 1, filling)
+            start = plan.profile_window(cfg, remaining, 1, filling)
             profiler = StepTraceProfiler(worker_dir(setup), start, cfg.profile.num_steps)
         self.timer = StepTimer(setup.global_batch, warmup, profiler=profiler)
         service = setup.workload.data_service(cfg)

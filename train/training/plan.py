@@ -169,3 +169,19 @@ def warmup_steps(setting: int | str, steps_per_epoch: int, epochs: int) -> int:
     if setting != "auto":
         return int(setting)
     return steps_per_epoch if epochs >= 2 else min(20, steps_per_epoch // 4)
+
+
+def profile_window(cfg: Config, total_steps: int, steps_per_execution: int, filling: int = 0) -> int:
+    """The first profiled step of this process: profile.start_step steps into the steady state, moved earlier when
+    the run is too short to reach the window.
+
+    `filling`: the steps in which the pipeline's cache fills (one pass over the training split; 0 without a cache).
+    They decode what later epochs read from the cache, so a window in them shows work the run then stops doing (and
+    the doctor would prescribe a cache that is already there): the window follows them where the run goes on long
+    enough, as the step timer's warm-up leaves the first epoch out of the steady-state figures. The traced steps are
+    left out of the timed ones (StepTimer), wherever the window falls.
+    """
+    needed = (cfg.profile.num_steps + 2) * steps_per_execution
+    if filling and filling <= total_steps - needed:
+        return min(filling + cfg.profile.start_step, total_steps - needed)
+    return max(0, min(cfg.profile.start_step, total_steps - needed))
