@@ -13,7 +13,6 @@ the median and range of the pairs are reported. Written to <out>/held_out.{json,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -22,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from step_doctor import files, machine
+from step_doctor import files
 from step_doctor.errors import UserError
+from step_doctor_dev.prove_corpus import ENV, cpu_line, proved
 
 HERE = Path(__file__).resolve().parent / "held_out"
 # case -> (the cause the first fix answers, the lines changed by hand for it: old -> new)
@@ -61,7 +61,6 @@ FIXES = {
     ),
 }
 LENGTHS = (60, 460)  # steps of the short and the long run of a timed pair
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def prepare(case: str, out: Path) -> Path:
@@ -81,15 +80,8 @@ def prepare(case: str, out: Path) -> Path:
 
 
 def prove(where: Path, rounds: int) -> dict:
-    command = [sys.executable, "-m", "step_doctor", "profile", "--json", "--prove", "--rounds", str(rounds)]
-    command += ["--logdir", "logs", "--", sys.executable, "train.py"]
     started = time.time()
-    done = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=1800, env=ENV)
-    if done.returncode not in (0, 3):
-        tail = done.stderr.strip().splitlines()[-5:]
-        raise UserError(f"prove of {where.name} failed (status {done.returncode}): {' | '.join(tail)}")
-    document = json.loads(done.stdout)
-    run = next(iter(document["runs"].values()))
+    document, run = proved(where, [sys.executable, "train.py"], rounds, allow=[])
     ranked = run.get("recommendations") or []
     return {
         "first": ranked[0]["cause"] if ranked else None,
@@ -166,8 +158,7 @@ def main(argv=None) -> int:
         rows.append(row)
         done = f"{case}: {row['seconds']:.0f} s prove, by hand x{row['by_hand']['gain']:.2f}"
         print(done, file=sys.stderr, flush=True)
-    bf16 = "with" if machine.cpu_bf16() else "without"
-    cpu = f"{machine.cpu_model()} ({bf16} bfloat16 units, {os.cpu_count()} cores)"
+    cpu = cpu_line()
     result = {"cpu": cpu, "load_average": {"before": before, "after": os.getloadavg()}, "rows": rows}
     files.write_json(out / "held_out.json", result)
     text = f"On {cpu}; load average {before[0]:.2f} before, {os.getloadavg()[0]:.2f} after.\n\n" + table(rows)

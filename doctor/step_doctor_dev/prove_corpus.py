@@ -40,19 +40,32 @@ def _command(case: str, data: Path) -> list[str]:
     return [sys.executable, str(TESTS / "user_pipelines.py"), case, str(data)]
 
 
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}  # the scripts' own
+
+
+def proved(where: Path, script: list[str], rounds: int, allow: list[str]) -> tuple[dict, dict]:
+    """`step-doctor profile --json --prove` of `script` in `where`: (its JSON document, its one run)."""
+    command = [sys.executable, "-m", "step_doctor", "profile", "--json", "--prove", "--rounds", str(rounds)]
+    command += [a for name in allow for a in ("--allow", name)] + ["--logdir", "logs", "--", *script]
+    done = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=1800, env=ENV)
+    if done.returncode not in (0, 3):
+        tail = done.stderr.strip().splitlines()[-5:]
+        raise UserError(f"prove of {where.name} failed (status {done.returncode}): {' | '.join(tail)}")
+    document = json.loads(done.stdout)
+    return document, next(iter(document["runs"].values()))
+
+
+def cpu_line() -> str:
+    """The CPU the figures ran on, as the reports name it."""
+    bf16 = "with" if machine.cpu_bf16() else "without"
+    return f"{machine.cpu_model()} ({bf16} bfloat16 units, {os.cpu_count()} cores)"
+
+
 def run_case(case: str, data: Path, out: Path, rounds: int, allow: list[str]) -> dict:
     where = out / case
     where.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "step_doctor", "profile", "--json", "--prove", "--rounds", str(rounds)]
-    command += [a for name in allow for a in ("--allow", name)] + ["--logdir", "logs", "--", *_command(case, data)]
     started = time.time()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run(command, cwd=where, capture_output=True, text=True, timeout=1800, env=env)
-    if done.returncode not in (0, 3):
-        tail = done.stderr.strip().splitlines()[-5:]
-        raise UserError(f"prove of {case} failed (status {done.returncode}): {' | '.join(tail)}")
-    document = json.loads(done.stdout)
-    run = next(iter(document["runs"].values()))
+    document, run = proved(where, _command(case, data), rounds, allow)
     first = (run.get("recommendations") or [{}])[0]
     return {
         "case": case,
@@ -139,8 +152,7 @@ def main(argv=None) -> int:
     for case in args.cases:
         rows.append(run_case(case, data, args.out, args.rounds, args.allow))
         print(f"{case}: {rows[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
-    bf16 = "with" if machine.cpu_bf16() else "without"
-    cpu = f"{machine.cpu_model()} ({bf16} bfloat16 units, {os.cpu_count()} cores)"
+    cpu = cpu_line()
     result = {"cpu": cpu, "load_average": {"before": before, "after": os.getloadavg()}, "rows": rows}
     files.write_json(args.out / "prove.json", result)
     if args.calibration:

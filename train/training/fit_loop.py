@@ -53,8 +53,7 @@ class Callbacks:
         # consumes the global batch of examples, and examples/s is counted from it
         self.profiler = None
         if cfg.profile.enabled:
-            # a process fills its own cache; a resumed one's first step skips the batches done, through the cache
-            filling = max(0, setup.epoch_steps - done_steps) if setup.workload.caches(cfg) else 0
+            filling = setup.cache_filling(done_steps)
             start = plan.profile_window(cfg, steps * epochs - done_steps, setup.choices.steps_per_execution, filling)
             self.profiler = StepTraceProfiler(setup.run_dir, start, cfg.profile.num_steps)
         self.meter = setup.workload.meter(

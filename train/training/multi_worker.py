@@ -276,10 +276,7 @@ class _Loop:
         warmup = plan.warmup_steps(cfg.train.warmup_steps, self.steps, self.epochs - done // self.steps)
         profiler = None
         if cfg.profile.enabled:
-            # the cache fills in one pass over the split at the global batch (a worker's own pass where its shards are
-            # an even share); a resumed worker's first step skips the batches done, through the cache
-            filling = max(0, setup.epoch_steps - done) if setup.workload.caches(cfg) else 0
-            start = plan.profile_window(cfg, remaining, 1, filling)
+            start = plan.profile_window(cfg, remaining, 1, setup.cache_filling(done))
             profiler = StepTraceProfiler(worker_dir(setup), start, cfg.profile.num_steps)
         self.timer = StepTimer(setup.global_batch, warmup, profiler=profiler)
         service = setup.workload.data_service(cfg)

@@ -41,6 +41,12 @@ class RunSetup:
         """One line naming the stages of this run's training pipeline, for logs and reports."""
         return self.workload.describe_pipeline(self.cfg, self.spec, self.global_batch)
 
+    def cache_filling(self, done_steps: int) -> int:
+        """The steps in which this process fills the pipeline's cache (0 without one): one pass over the training
+        split, less the steps done before a resume (its first step skips them, through the cache). A worker of a
+        cluster makes the pass at the global batch, its own where its shards are an even share."""
+        return max(0, self.epoch_steps - done_steps) if self.workload.caches(self.cfg) else 0
+
     @property
     def replicas(self) -> int:
         return self.strategy.num_replicas_in_sync

@@ -143,15 +143,20 @@ class Blame:
         return not decodes and any(st.is_cache(s) and st.under(s.path, self.head.path) for s in self.pipeline.stages)
 
     @property
+    def varies(self) -> bool:
+        """Augmentation or Python ops ran in its function: what it makes may differ every epoch."""
+        return bool(self.shares.get("augmentation", 0.0) or self.shares.get("python", 0.0))
+
+    @property
     def deterministic(self) -> bool:
-        """Whether a cache after this stage keeps what every epoch makes anyway: no augmentation or Python op ran in
-        its function, and it does not run after a cache."""
-        return not (self.shares.get("augmentation", 0.0) or self.shares.get("python", 0.0) or self.after_cache)
+        """Whether a cache after this stage keeps what every epoch makes anyway: nothing in its function varies, and
+        it does not run after a cache."""
+        return not (self.varies or self.after_cache)
 
     @property
     def uncached(self) -> str:
         """Why no cache is offered after a stage that runs after one (empty otherwise)."""
-        if not self.after_cache or self.shares.get("augmentation", 0.0) or self.shares.get("python", 0.0):
+        if self.varies or not self.after_cache:
             return ""
         return (
             " It runs after a cache, where maps are written to run every epoch, so no cache is offered after it "
