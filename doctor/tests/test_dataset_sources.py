@@ -118,6 +118,29 @@ def test_datasets_built_by_a_library_give_no_line_and_no_record_gives_none(tmp_p
     )
 
 
+def test_one_pass_over_records_tf_data_cannot_count_is_counted_by_reading_them_once(tmp_path):
+    import tensorflow as tf
+
+    from step_doctor.profile.site import dataset_sources as site
+
+    files = []
+    for shard in range(3):  # 3 real TFRecord shards of 7 records: 21 records tf.data cannot count
+        files.append(str(tmp_path / f"part-{shard}.tfrecord"))
+        with tf.io.TFRecordWriter(files[-1]) as writer:
+            for record in range(7):
+                writer.write(b"x" * (record + 1))
+    records = tf.data.TFRecordDataset(files)
+    parsed = records.map(tf.strings.length).prefetch(2)
+    assert parsed.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    assert site.count_elements(parsed.batch(4)) == 6 and site.count_elements(parsed.batch(4, drop_remainder=True)) == 5
+    assert getattr(records, site.COUNTED) == 21  # read once, for every iterator a loop makes later
+    looped = parsed.repeat().batch(4)
+    assert site.pass_steps(looped) is None and site.pass_steps(looped, count=True) == 6  # only where prove asks
+    assert site.count_elements(records.filter(lambda r: tf.strings.length(r) > 3)) is None  # its length is its data's
+    assert site.count_elements(tf.data.TFRecordDataset(files).map(tf.strings.length), seconds=0.0) is None
+    assert site.largest_element(records.batch(7)) == sum(range(1, 8))
+
+
 SLOW_MAP = """
 import time
 import numpy as np

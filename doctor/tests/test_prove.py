@@ -88,9 +88,10 @@ def test_a_cache_tried_below_the_repeat_a_map_reads_moves_the_repeat_after_it():
         patch.edit(source, [{"name": "cache", "line": 3, "kind": "_MapDataset", "below_repeat": True}])
 
 
-def test_a_trial_caches_below_the_repeat_and_refuses_a_cache_that_would_freeze_a_shuffle():
+def test_a_trial_caches_below_the_repeat_and_the_shuffle_and_keeps_the_order_of_every_epoch():
     import tensorflow as tf
 
+    from step_doctor.profile.site import dataset_sources
     from step_doctor.profile.site import fixes as fixes_lib
 
     here = {"file": __file__, "line": 0}
@@ -99,10 +100,57 @@ def test_a_trial_caches_below_the_repeat_and_refuses_a_cache_that_would_freeze_a
     plain = tf.data.Dataset.range(6)
     swapped = fixes.below_repeat(0, plain.repeat(), lambda inner: inner.map(lambda x: x * 2))
     assert list(swapped.take(8).as_numpy_iterator()) == [0, 2, 4, 6, 8, 10, 0, 2]
-    assert fixes.applied == {0: 1} and fixes.cached_below_repeat == {0}
-    shuffled = plain.shuffle(6).repeat()
-    kept = fixes.below_repeat(0, shuffled, lambda inner: inner.map(lambda x: x * 2))
+    assert fixes.applied == {0: 1} and fixes.cached_below_repeat == {0} and not fixes.moved_shuffle
+    # a seeded shuffle below the repeat moves after the cache: the same elements in the same order, epoch after epoch
+    as_written = plain.shuffle(4, seed=7).repeat().map(lambda x: x * 3)
+    moved = fixes.below_repeat(0, plain.shuffle(4, seed=7).repeat(), lambda inner: inner.map(lambda x: x * 3))
+    assert list(moved.take(30).as_numpy_iterator()) == list(as_written.take(30).as_numpy_iterator())
+    assert 0 in fixes.moved_shuffle and type(moved._input_dataset).__name__ == "_ShuffleDataset"
+    # a shuffle with no repeat above it (epochs of fit) moves too
+    once = fixes.below_repeat(0, plain.shuffle(6, seed=1), lambda inner: inner.map(lambda x: x + 1))
+    assert list(once.as_numpy_iterator()) == list(plain.shuffle(6, seed=1).map(lambda x: x + 1).as_numpy_iterator())
+    # one further below (a map between) would replay the first epoch's order: refused, the script runs as written
+    deeper = plain.shuffle(6).map(lambda x: x).repeat()
+    kept = fixes.below_repeat(0, deeper, lambda inner: inner.map(lambda x: x * 2))
     assert "replay the first epoch's order" in fixes.refused[0] and kept.cardinality() == tf.data.INFINITE_CARDINALITY
+    # strings of no fixed size: their first elements are read to tell whether they fit (with the counted records)
+    sized = fixes_lib.Fixes([], lambda frame: here, print, dataset_sources)
+    sized.tf = tf
+    words = tf.data.Dataset.from_tensor_slices(["a", "bbbb", "cc"])
+    assert sized.cache_refusal(words) is None and fixes.cache_refusal(words).startswith("its elements have no fixed")
+    assert dataset_sources.largest_element(words.map(lambda w: (w, tf.zeros([3], tf.int64)))) == 4 + 24
+
+
+def test_a_repeat_and_a_shuffle_in_the_assignment_the_map_reads_move_after_the_cache():
+    source = textwrap.dedent(
+        """\
+        def make(files, seed):
+            ds = (T.data.Dataset.from_tensor_slices(files)  # every file
+                  # in a new order each epoch
+                  .shuffle(64, seed=seed)
+                  .repeat())
+            other = ds.map(g)
+            ds = ds.map(decode, num_parallel_calls=4).batch(8)
+            return ds
+        """
+    )
+    fix = {"name": "cache", "line": 7, "kind": "_ParallelMapDataset", "below_repeat": True, "moved_shuffle": True}
+    with pytest.raises(patch.PatchError, match="is read on line 6 too"):  # `other` would lose its shuffle and repeat
+        patch.edit(source, [fix])
+    fixed = patch.edit(source.replace("    other = ds.map(g)\n", "    other = ds0.map(g)\n"), [fix])
+    assert fixed.splitlines()[1:7] == [  # the comments stay where they were
+        "    ds = (T.data.Dataset.from_tensor_slices(files)  # every file",
+        "          # in a new order each epoch",
+        "          )",
+        "    other = ds0.map(g)",
+        "    ds = ds.map(decode, num_parallel_calls=4).cache().shuffle(64, seed=seed).repeat().batch(8)",
+        "    return ds",
+    ]
+    # what the trial moved, no more: a repeat alone leaves the shuffle where it is
+    only = patch.edit("ds = x.shuffle(4).repeat()\nds = ds.map(f)\n", [{**fix, "line": 2, "moved_shuffle": False}])
+    assert only.splitlines() == ["ds = x.shuffle(4)", "ds = ds.map(f).cache().repeat()"]
+    with pytest.raises(patch.PatchError, match=r"reads a repeat\(\) and shuffle\(\) written elsewhere"):
+        patch.edit("ds = x.repeat()\nds = ds.map(f)\n", [{**fix, "line": 2}])
 
 
 def test_a_comment_after_the_last_argument_and_a_file_without_a_tensorflow_name_are_kept_right():
@@ -209,6 +257,80 @@ def test_prove_applies_each_fix_at_the_line_measures_it_and_hands_over_a_patch_t
         ran = subprocess.run([sys.executable, name, "20"], cwd=copy, capture_output=True, text=True, timeout=300)
         assert ran.returncode == 0 and ran.stdout.strip().endswith("trained"), ran.stderr[-2000:]
     assert (tmp_path / name).read_text() == PLANTED  # the user's file is never written
+
+
+SHUFFLED_RECORDS = textwrap.dedent(
+    """\
+    import os
+    import sys
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    if not os.path.isdir("records"):
+        os.makedirs("records")
+        rng = np.random.default_rng(3)
+        for f in range(24):
+            with tf.io.TFRecordWriter(f"records/part-{f:02d}.tfrecord") as writer:
+                for i in range(8):
+                    jpeg = tf.io.encode_jpeg(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8)).numpy()
+                    feature = {
+                        "jpeg": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+                        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[8 * f + i])),
+                    }
+                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    spec = {"jpeg": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, spec)
+        return tf.cast(tf.io.decode_jpeg(example["jpeg"], channels=3), tf.float32) / 255.0, example["label"] % 4
+
+
+    ds = tf.data.TFRecordDataset(sorted(tf.io.gfile.glob("records/*.tfrecord"))).shuffle(64, seed=5).repeat()
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(16)
+    layers = [keras.Input((56, 56, 3)), keras.layers.AveragePooling2D(4), keras.layers.Flatten(), keras.layers.Dense(4)]
+    model = keras.Sequential(layers)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ds, steps_per_epoch=int(sys.argv[1]) if len(sys.argv) > 1 else 120, epochs=1, verbose=0)
+    print("order", [round(float(x[0, 0, 0, 0]), 4) for x, _ in ds.take(30)])  # each batch's first image
+    """
+)
+
+
+@pytest.mark.slow
+def test_prove_caches_records_it_counts_below_a_shuffle_it_moves_and_the_patch_keeps_the_order(tmp_path):
+    """TFRecords tf.data cannot count, shuffled with a seed and repeated before the decode: prove counts the records to
+    place its window, tries the cache below the repeat and the shuffle (the shuffle moved after it), and the patch
+    that moves them leaves a script that trains on the same examples in the same order."""
+    name = "shuffled.py"
+    (tmp_path / name).write_text(SHUFFLED_RECORDS)
+    line = SHUFFLED_RECORDS.splitlines().index("ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(16)") + 1
+    done = profile(tmp_path, "--json", "--logdir", "logs", "--prove", "--rounds", "2", "--", sys.executable, name)
+    assert done.returncode == 0, done.stderr[-3000:]
+    proved = json.loads(done.stdout)["prove"]
+    cache = {p["label"]: p for p in proved["each"]}.get(f"cache at {name}:{line}")
+    assert cache is not None and cache["verdict"] in (PROVED, NO_GAIN, SLOWER, UNCLEAR), proved  # applied, measured
+    assert proved["steps"][0] >= 24 // 2 + 2  # after one pass: 192 records counted, 12 batches
+    # the patch the trial's moves write (git apply), against the script as written: the same examples, in order
+    source = tmp_path / name
+    fix = {"name": "cache", "file": str(source), "line": line, "kind": "_ParallelMapDataset"}
+    diff, notes = patch.unified_diff([{**fix, "below_repeat": True, "moved_shuffle": True}], tmp_path)
+    assert notes == [] and ".cache().shuffle(64, seed=5).repeat().batch(16)" in diff
+    copy = tmp_path / "patched"
+    copy.mkdir()
+    shutil.copy(source, copy / name)
+    (copy / "records").symlink_to(tmp_path / "records")
+    (copy / "fix.patch").write_text(diff)
+    assert subprocess.run(["git", "apply", "fix.patch"], cwd=copy, capture_output=True).returncode == 0
+    orders = []
+    for where in (tmp_path, copy):
+        ran = subprocess.run([sys.executable, name, "20"], cwd=where, capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        orders.append(ran.stdout.strip().splitlines()[-1])
+    assert orders[0].startswith("order [") and orders[0] == orders[1]
+    assert source.read_text() == SHUFFLED_RECORDS
 
 
 @pytest.mark.long

@@ -62,6 +62,7 @@ def main(args) -> int:
         args.json,
         name=runner.script_name(command),
         unsafe_multi_worker=args.unsafe_multi_worker,
+        prove=args.prove,
     )
     try:
         proved = _prove(args, child, logdir, command) if args.prove else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 from pathlib import Path
 
 METHOD_OF = {  # the dataset class a line built -> the method (or constructor) that built it
@@ -38,6 +39,7 @@ KEYWORD = {
 }
 CHAINED = {"cache": ".cache()", "prefetch": ".prefetch({autotune})"}
 CHAINED_ORDER = {"cache": 1, "prefetch": 2}
+LEADING = re.compile(r"(?:\s|#[^\n]*)*")  # the line breaks and comments before a chained call's dot
 
 
 class PatchError(Exception):
@@ -77,24 +79,105 @@ def _offset(lines: list[str], line: int, column: int) -> int:
     return before + len(lines[line - 1].encode()[:column].decode())
 
 
-def _cache_below_repeat(source: str, lines: list[str], tree: ast.Module, line: int) -> list[tuple[int, str]]:
-    """`x.repeat(n).map(f)` as `x.map(f).cache().repeat(n)`: the cache prove tried below the repeat the map reads
-    (the same elements in the same order, for a function without random ops)."""
+def _cache_below(source: str, lines: list[str], tree: ast.Module, fix: dict) -> list[tuple[int, str]]:
+    """`x.shuffle(n).repeat().map(f)` as `x.map(f).cache().shuffle(n).repeat()`: the cache prove tried below the
+    repeat and the shuffle the map reads (site/fixes.py: the same elements in the same order, for a function without
+    random ops), moving what the trial moved. The repeat and the shuffle may be written in the map's chain or in the
+    assignment of the name the map is called on (`ds = x.shuffle(n).repeat()` and, later, `ds = ds.map(f)`)."""
+    line = fix["line"]
     call = _call_at(tree, line, "map")
-    repeat = call.func.value if isinstance(call.func, ast.Attribute) else None
-    if not (
-        isinstance(repeat, ast.Call) and _called_name(repeat) == "repeat" and isinstance(repeat.func, ast.Attribute)
-    ):
+    moved = [
+        name for name, done in (("repeat", fix.get("below_repeat")), ("shuffle", fix.get("moved_shuffle"))) if done
+    ]
+    receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
+    written = " and ".join(f"{name}()" for name in moved)
+    reads, receiver_name = [], None
+    if isinstance(receiver, ast.Name):
+        receiver_name = receiver.id
+        receiver, reads = _assigned(tree, receiver, call.lineno)
+    chain = []  # the moved calls, outermost first
+    for name in moved:
+        if not (
+            isinstance(receiver, ast.Call)
+            and _called_name(receiver) == name
+            and isinstance(receiver.func, ast.Attribute)
+        ):
+            raise PatchError(
+                f"the map on line {line} reads a {written} written elsewhere: cache right after the map by hand and "
+                f"call {written} after the cache, `ds.map(f).cache()"
+                + "".join(f".{n}(...)" for n in reversed(moved))
+                + "`"
+            )
+        chain.append(receiver)
+        receiver = receiver.func.value
+    if reads:
         raise PatchError(
-            f"the map on line {line} reads a repeat() written elsewhere: cache before the repeat by hand, "
-            "`ds.map(f).cache().repeat()`"
+            f"`{receiver_name}`, which the map on line {line} reads, is read on line {reads[0]} too, where moving its "
+            "calls after the cache would change it: cache right after the map by hand"
         )
-    receiver = repeat.func.value
-    cut_from = _offset(lines, receiver.end_lineno, receiver.end_col_offset)
-    cut_to = _offset(lines, repeat.end_lineno, repeat.end_col_offset)
-    end = _offset(lines, call.end_lineno, call.end_col_offset)
-    moved = source[cut_from:cut_to]  # ".repeat(...)", as written
-    return [(cut_from, ("cut", cut_to)), (end, ".cache()" + moved)]
+    # from the first moved call's dot: the line breaks and comments before it stay where they are
+    cut_to, end = _end(lines, chain[0]), _end(lines, call)
+    cut_from = LEADING.match(source, _end(lines, receiver)).end()
+    texts = [source[LEADING.match(source, _end(lines, c.func.value)).end() : _end(lines, c)] for c in reversed(chain)]
+    return [(cut_from, ("cut", cut_to)), (end, ".cache()" + "".join(texts))]
+
+
+def _end(lines: list[str], node: ast.AST) -> int:
+    return _offset(lines, node.end_lineno, node.end_col_offset)
+
+
+def _assigned(tree: ast.Module, read: ast.Name, before: int) -> tuple[ast.expr | None, list[int]]:
+    """The value last assigned to the name `read` reads (`name = ...`) before line `before`, in the function or
+    module it is read in, and the other lines that read that value (a change of it would change them too)."""
+    functions = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= before <= node.end_lineno
+    ]
+    scope = max(functions, key=lambda node: node.lineno) if functions else tree  # the innermost
+    nodes = list(_own_nodes(scope))
+    found = None
+    for node in nodes:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == read.id
+            and node.end_lineno < before
+            and (found is None or node.lineno > found.lineno)
+        ):
+            found = node
+    if found is None:
+        return None, []
+    # the statements that read this value: up to the one that binds the name again (the map's own, as a rule)
+    rebound = [
+        n.end_lineno
+        for n in nodes
+        if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        and n.lineno > found.end_lineno
+        and any(isinstance(t, ast.Name) and t.id == read.id for t in (getattr(n, "targets", None) or [n.target]))
+    ]
+    last = min(rebound, default=float("inf"))
+    others = [
+        n.lineno
+        for n in nodes
+        if isinstance(n, ast.Name)
+        and n.id == read.id
+        and isinstance(n.ctx, ast.Load)
+        and n is not read
+        and found.end_lineno < n.lineno <= last
+    ]
+    return found.value, others
+
+
+def _own_nodes(scope):
+    """The nodes of a function or module, not those of the functions and classes inside it."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
 
 
 def edit(source: str, fixes: list[dict]) -> str:
@@ -118,8 +201,8 @@ def edit(source: str, fixes: list[dict]) -> str:
             last = max(arguments, key=lambda a: (a.end_lineno, a.end_col_offset))
             # right after the last argument, so a comment or a trailing comma after it stays where it is
             inserts.append((_offset(lines, last.end_lineno, last.end_col_offset), f", {keyword}={autotune}"))
-        elif name == "cache" and fix.get("below_repeat"):
-            inserts += _cache_below_repeat(source, lines, tree, fix["line"])
+        elif name == "cache" and (fix.get("below_repeat") or fix.get("moved_shuffle")):
+            inserts += _cache_below(source, lines, tree, fix)
         elif name in CHAINED:
             method = METHOD_OF.get(fix.get("kind") or "")
             if method is None:

@@ -267,6 +267,7 @@ def prove(
                 trial.times[-1] = timed["seconds"] / timed["steps"]
                 for fix, done in zip(trial.fixes, timed.get("fixes") or ()):
                     fix["below_repeat"] = bool(done.get("below_repeat"))  # the patch writes it where it was tried
+                    fix["moved_shuffle"] = bool(done.get("moved_shuffle"))
             ms = f"{trial.times[-1] * 1000:.1f} ms/step" if trial.times[-1] else f"not measured ({problems[0]})"
             _say(f"round {r + 1}/{rounds}, {trial.label}: {ms} ({time.time() - started:.0f} s so far)")
         if stopped:

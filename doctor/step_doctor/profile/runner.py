@@ -127,12 +127,15 @@ def discard(logdir: Path) -> None:
             break
 
 
-def child_env(logdir: Path, status_dir: str, steps, seconds, name: str, unsafe_multi_worker: bool = False) -> dict:
+def child_env(
+    logdir: Path, status_dir: str, steps, seconds, name: str, unsafe_multi_worker: bool = False, prove: bool = False
+) -> dict:
     env = dict(os.environ)
     paths = [str(SITE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     settings = {"logdir": str(logdir), "status_dir": status_dir, "steps": steps, "seconds": seconds, "name": name}
     settings["unsafe_multi_worker"] = unsafe_multi_worker
+    settings["prove"] = prove  # prove follows: count one pass over the data where tf.data cannot (its window)
     env[ENV] = json.dumps({**settings, "parent": os.getpid()})
     return env
 
@@ -146,6 +149,7 @@ def run(
     name: str,
     interval_s: float = 0.5,
     unsafe_multi_worker: bool = False,
+    prove: bool = False,
 ):
     """Run the command to its end; returns (ChildRun, sampler) with the samples written under logdir/utilization.
 
@@ -153,7 +157,7 @@ def run(
     any other Python process it starts into logdir/pid-<pid>: one TensorBoard run, and one verdict, each."""
     status_dir = tempfile.mkdtemp(prefix="step-doctor-profile-")
     try:
-        env = child_env(logdir, status_dir, steps, seconds, name, unsafe_multi_worker)
+        env = child_env(logdir, status_dir, steps, seconds, name, unsafe_multi_worker, prove)
         started = time.time()
         try:
             with _unblocked() as early:  # the command gets the signal mask it would have without profile

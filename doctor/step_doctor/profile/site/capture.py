@@ -130,7 +130,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
         self.call_times: list = []
         self.lock = threading.RLock()
         self.callback_classes: dict = {}
-        self.sources = dataset_sources.Sources()
+        self.sources = dataset_sources.Sources(count=bool(settings.get("prove")))
         self.cpu = process_cpu.Window()  # the process CPU of the window, for the estimates
         self.trial = settings.get("trial")  # a trial of `profile --prove`: time the window with fixes applied, exit
         self.fixes = None
@@ -323,7 +323,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
         try:
             self.sources.install(module)
             if self.trial:
-                self.fixes = fixes.Fixes(self.trial.get("fixes") or [], self.sources.caller, self.note)
+                self.fixes = fixes.Fixes(self.trial.get("fixes") or [], self.sources.caller, self.note, dataset_sources)
                 self.fixes.install(module)
         except Exception as error:
             self.note(f"profile could not record where the datasets were built ({type(error).__name__}: {error}).")

@@ -17,10 +17,25 @@ import os
 import sys
 import sysconfig
 import threading
+import time
 
 FILE = "dataset_sources.json"
 MOST = 4000  # datasets recorded; a script that builds more (datasets inside a loop) keeps its first ones
 ATTRIBUTE = "_step_doctor_source"
+# count_elements: datasets whose length is their records, read from files; transformations that keep one element per
+# element (a parallel map keeps it too), and those that batch
+READERS = ("TFRecordDatasetV2", "TextLineDatasetV2", "FixedLengthRecordDatasetV2")
+ONE_TO_ONE = (
+    "_MapDataset",
+    "_ParallelMapDataset",
+    "_PrefetchDataset",
+    "CacheDataset",
+    "_OptionsDataset",
+    "_ShuffleDataset",
+)
+BATCHES = ("_BatchDataset", "_ParallelBatchDataset")
+COUNT_SECONDS, COUNT_BATCH, COUNTED, SAMPLED = 5.0, 4096, "_step_doctor_records", 16
+READING = threading.local()
 SKIPPED = ("tensorflow", "keras", "tf_keras", "tensorflow_datasets")  # their frames lead to the user's call
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARIES = tuple(
@@ -33,7 +48,8 @@ LIBRARIES = tuple(
 class Sources:
     """The datasets built in this process, in the order they were built."""
 
-    def __init__(self):
+    def __init__(self, count: bool = False):
+        self.count = count  # read the records of files where tf.data cannot count a pass (prove's window), or not
         self.nodes: list[dict] = []
         self.lock = threading.Lock()
         self.iterated = 0
@@ -72,24 +88,28 @@ class Sources:
         sources = self
 
         def __init__(iterator, dataset=None, *args, **kwargs):
-            try:
-                number = getattr(dataset, ATTRIBUTE, None)
-                with sources.lock:
-                    if number is not None and "iterated" not in sources.nodes[number]:
-                        sources.nodes[number]["iterated"] = sources.iterated
-                        sources.iterated += 1
-                found = pass_steps(dataset) if dataset is not None else None
-                if found is not None:  # the longest: a `for x in ds.take(1)` before fit must not set the window
-                    sources.pass_steps = max(found, sources.pass_steps or 0)
-            except Exception:
-                pass
+            if dataset is not None and not getattr(READING, "active", False):  # not count_elements' own iterator
+                try:
+                    sources.iterating(dataset)
+                except Exception:
+                    pass
             init(iterator, dataset, *args, **kwargs)
 
         __init__.__wrapped__ = init
         iterator_ops.OwnedIterator.__init__ = __init__
 
+    def iterating(self, dataset) -> None:
+        number = getattr(dataset, ATTRIBUTE, None)
+        with self.lock:
+            if number is not None and "iterated" not in self.nodes[number]:
+                self.nodes[number]["iterated"] = self.iterated
+                self.iterated += 1
+        found = pass_steps(dataset, self.count)
+        if found is not None:  # the longest: a `for x in ds.take(1)` before fit must not set the window
+            self.pass_steps = max(found, self.pass_steps or 0)
+
     def record(self, dataset, frame) -> None:
-        if getattr(dataset, ATTRIBUTE, None) is not None:
+        if getattr(dataset, ATTRIBUTE, None) is not None or getattr(READING, "active", False):
             return  # a subclass's __init__ called DatasetV2's again
         with self.lock:
             if len(self.nodes) >= MOST:
@@ -140,17 +160,19 @@ class Sources:
             pass
 
 
-def pass_steps(dataset) -> int | None:
+def pass_steps(dataset, count: bool = False) -> int | None:
     """How many elements (steps, for the dataset a loop iterates) one pass over its finite data takes: its own
     cardinality, or, below a repeat(), the first finite dataset's divided by the batches above it; None where tf.data
-    cannot count it."""
+    cannot count it (nor count_elements, where `count` lets it read)."""
     divisor = 1
     for _ in range(64):
-        count = int(dataset.cardinality().numpy())
-        if count >= 0:
-            return -(-count // divisor)
-        if count != -1:
-            return None  # unknown
+        number = int(dataset.cardinality().numpy())
+        if number == -2:  # unknown: records in files (TFRecordDataset), counted by reading them where that is quick
+            number = count_elements(dataset) if count else None
+            if number is None:
+                return None
+        if number >= 0:
+            return -(-number // divisor)
         size = getattr(dataset, "_batch_size", None)
         if size is not None:
             divisor *= int(size)
@@ -159,6 +181,87 @@ def pass_steps(dataset) -> int | None:
             return None
         dataset = inputs[0]
     return None
+
+
+def count_elements(dataset, seconds: float = COUNT_SECONDS) -> int | None:
+    """The elements of a finite dataset whose length tf.data does not know (-2) because it reads records from files:
+    the records, read (not parsed) within `seconds`, through the transformations above the reader that keep one
+    element per element (a map, a prefetch) or batch them; None where one does neither (a filter, a flat_map), the
+    reading takes longer, or it fails."""
+    divisors = []
+    for _ in range(64):
+        kind = type(dataset).__name__
+        if kind in READERS:
+            break
+        if kind in BATCHES:
+            if getattr(dataset, "_batch_size", None) is None:
+                return None
+            divisors.append((int(dataset._batch_size), bool(dataset._drop_remainder)))
+        elif kind not in ONE_TO_ONE:
+            return None
+        inputs = dataset._inputs()
+        if len(inputs) != 1:
+            return None
+        dataset = inputs[0]
+        if int(dataset.cardinality().numpy()) >= 0:  # known below: what lies above it changed its length
+            return None
+    else:
+        return None
+    known = getattr(dataset, COUNTED, None)
+    if known is not None:  # a loop makes an iterator every epoch: read the files once
+        records = known if known >= 0 else None
+    else:
+        object.__setattr__(dataset, COUNTED, -1)  # while it reads: the iterator it makes must not count again
+        records = _read_records(dataset, seconds)
+        object.__setattr__(dataset, COUNTED, -1 if records is None else records)
+    if records is None:
+        return None
+    for size, drop in reversed(divisors):
+        records = records // size if drop else -(-records // size)
+    return records
+
+
+def largest_element(dataset, elements: int = SAMPLED, seconds: float = COUNT_SECONDS) -> int | None:
+    """The bytes of the largest of the dataset's first `elements` (read within `seconds`), its strings counted by
+    their length; None where they could not be read."""
+    from tensorflow.python.util import nest  # noqa: PLC0415 - the script imported TensorFlow already
+
+    largest = 0
+    deadline = time.monotonic() + seconds
+    READING.active = True
+    try:
+        for element in dataset.take(elements):
+            largest = max(largest, sum(_bytes(t.numpy()) for t in nest.flatten(element)))
+            if time.monotonic() > deadline:
+                break
+    except Exception:  # what the map fails on, the script will say itself
+        return None
+    finally:
+        READING.active = False
+    return largest or None
+
+
+def _bytes(value) -> int:
+    """A tensor's value as numpy gives it: a string scalar is bytes, a string array holds bytes objects."""
+    if isinstance(value, bytes):
+        return len(value)
+    return sum(len(v) for v in value.ravel()) if value.dtype == object else value.nbytes
+
+
+def _read_records(dataset, seconds: float) -> int | None:
+    records = 0
+    deadline = time.monotonic() + seconds
+    READING.active = True  # the datasets and the iterator made here are not the script's: not recorded
+    try:
+        for batch in dataset.batch(COUNT_BATCH):
+            records += int(batch.shape[0])
+            if time.monotonic() > deadline:
+                return None
+    except Exception:  # an unreadable file: the script will say so itself
+        return None
+    finally:
+        READING.active = False
+    return records
 
 
 def _package_dir(name: str) -> str | None:
