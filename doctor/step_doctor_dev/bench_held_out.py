@@ -7,7 +7,8 @@ first fix's estimate within 25 % of the gain the same fix gives by hand, `profil
 hand-made fix. Each case runs unmodified under `step-doctor profile --prove --json` in a folder of its own; then the
 script and its hand-fixed copy (FIXES: the lines a user would change for the doctor's first fix) are timed in
 alternating pairs of processes. A process's step time is taken from two runs of different lengths (the difference
-leaves out start-up, tracing and the first pass that fills a cache), and the pair's gain is the ratio of the two;
+leaves out start-up, tracing and the first pass that fills a cache; the longer lasts 5 s more for the fixed script, so
+the start-up's variation stays small against it), and the pair's gain is the ratio of the two;
 the median and range of the pairs are reported. Written to <out>/held_out.{json,md}, with the CPU and the load.
 """
 
@@ -61,7 +62,9 @@ FIXES = {
         },
     ),
 }
-LENGTHS = (60, 460)  # steps of the short and the long run of a timed pair
+SHORT = 60  # steps of the short run of a timed pair; the long one is longer by steps the fixed script runs in SIGNAL_S
+SIGNAL_S = 5.0  # the steps the pair times, at least: a process's start-up varies by a tenth of a second or two
+FEWEST, MOST = 400, 8000
 
 
 def prepare(case: str, out: Path) -> Path:
@@ -120,8 +123,11 @@ def _seconds(where: Path, script: str, steps: int) -> float:
 
 
 def by_hand(where: Path, pairs: int) -> dict:
-    """The script against its hand-fixed copy, alternating which runs first: per pair, the ratio of step times."""
-    short, long = LENGTHS
+    """The script against its hand-fixed copy, alternating which runs first: per pair, the ratio of step times. The
+    long run is as long as makes the fixed script's timed steps last SIGNAL_S (a probe of it says how long that is), so
+    that the start-up's variation stays a few per cent of what is timed."""
+    probe = (_seconds(where, "fixed.py", SHORT + FEWEST) - _seconds(where, "fixed.py", SHORT)) / FEWEST
+    short, long = SHORT, SHORT + int(min(max(SIGNAL_S / max(probe, 1e-4), FEWEST), MOST))
     ratios, step_ms = [], {"train.py": [], "fixed.py": []}
     for pair in range(pairs):
         order = ("train.py", "fixed.py") if pair % 2 == 0 else ("fixed.py", "train.py")
@@ -129,7 +135,8 @@ def by_hand(where: Path, pairs: int) -> dict:
             step = (_seconds(where, script, long) - _seconds(where, script, short)) / (long - short)
             step_ms[script].append(round(1000 * step, 3))
         ratios.append(step_ms["train.py"][-1] / step_ms["fixed.py"][-1])
-    return {"gain": statistics.median(ratios), "low": min(ratios), "high": max(ratios), "ratios": ratios, **step_ms}
+    found = {"gain": statistics.median(ratios), "low": min(ratios), "high": max(ratios), "ratios": ratios}
+    return {**found, "lengths": [short, long], **step_ms}
 
 
 def table(rows: list[dict]) -> str:
