@@ -11,6 +11,7 @@ failure here costs the lines, never the script.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import linecache
 import os
@@ -110,7 +111,7 @@ class Sources:
 
     def record(self, dataset, frame) -> None:
         if getattr(dataset, ATTRIBUTE, None) is not None or getattr(READING, "active", False):
-            return  # a subclass's __init__ called DatasetV2's again
+            return  # a subclass's __init__ called DatasetV2's again, or this module built it to read (_reading)
         with self.lock:
             if len(self.nodes) >= MOST:
                 return
@@ -228,16 +229,14 @@ def largest_element(dataset, elements: int = SAMPLED, seconds: float = COUNT_SEC
 
     largest = 0
     deadline = time.monotonic() + seconds
-    READING.active = True
     try:
-        for element in dataset.take(elements):
-            largest = max(largest, sum(_bytes(t.numpy()) for t in nest.flatten(element)))
-            if time.monotonic() > deadline:
-                break
+        with _reading():
+            for element in dataset.take(elements):
+                largest = max(largest, sum(_bytes(t.numpy()) for t in nest.flatten(element)))
+                if time.monotonic() > deadline:
+                    break
     except Exception:  # what the map fails on, the script will say itself
         return None
-    finally:
-        READING.active = False
     return largest or None
 
 
@@ -251,17 +250,26 @@ def _bytes(value) -> int:
 def _read_records(dataset, seconds: float) -> int | None:
     records = 0
     deadline = time.monotonic() + seconds
-    READING.active = True  # the datasets and the iterator made here are not the script's: not recorded
     try:
-        for batch in dataset.batch(COUNT_BATCH):
-            records += int(batch.shape[0])
-            if time.monotonic() > deadline:
-                return None
+        with _reading():
+            for batch in dataset.batch(COUNT_BATCH):
+                records += int(batch.shape[0])
+                if time.monotonic() > deadline:
+                    return None
     except Exception:  # an unreadable file: the script will say so itself
         return None
+    return records
+
+
+@contextlib.contextmanager
+def _reading():
+    """While this module reads a dataset itself: the datasets and the iterator it makes are not the script's, so
+    they are not recorded, and the iterator does not count a pass."""
+    READING.active = True
+    try:
+        yield
     finally:
         READING.active = False
-    return records
 
 
 def _package_dir(name: str) -> str | None:
