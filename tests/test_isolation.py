@@ -98,6 +98,8 @@ def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data
         assert len(aa["ratios"]) == 3  # 5 rounds crossed: 3 a half, each paired with its counterpart
         assert aa["passed"] == (abs(aa["median"] - 1) <= 0.03)
         assert aa["within_noise"] == (abs(aa["median"] - 1) <= max(0.03, aa["noise"]))
+        assert aa["process_factor"] > 0
+        assert f"its processes x{aa['process_factor']:.3f} apart" in (out / "check.md").read_text()
     order = checked["order"]
     assert order["rung"] == "vectorized augmentation"
     first, second = order["as_candidate"]["median"], order["as_base"]["median"]
@@ -218,6 +220,7 @@ def test_a_comparison_is_crossed_so_a_faster_process_favours_neither_config():
     pair = isolated.pair_round(base, candidate, 5, 0.1, log=lambda line: None)
     assert pair.ratios == pytest.approx([1.2] * 3)  # 3 rounds a half; uncrossed it would read 1.26
     assert pair.aa_ratios == pytest.approx([1.0] * 6)
+    assert pair.process_factor == pytest.approx(1.05)  # the process made second, the candidate's own, measured
     assert (base.worker, candidate.worker) == (second, first)  # each variant now owns the process that runs it
     assert (first.holds, second.holds) == ("candidate", "base")
     prepares = [(process, name) for process, command, name in log[2:] if command == "prepare"]

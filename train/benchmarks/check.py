@@ -8,7 +8,9 @@
   (isolated.pair_round): half its rounds with each config in its own process, half with each in
   the other's, so what belongs to a process (its age, its order of creation) cancels. Each
   pairing measures both twice a round, alternating; the first variant's two trials give the
-  noise of that moment (`within_noise`: the A/A median lies within max(3 %, that noise)).
+  noise of that moment (`within_noise`: the A/A median lies within max(3 %, that noise)). Each
+  also reports how far apart its two processes ran (`process_factor`, from the two halves): what
+  the crossing cancelled. What it leaves is the part of that factor that changed between halves.
 - **order**: a rung's gain measured with it as the fresh candidate against the long-running
   base, and again with it as the long-running base against the fresh rung before it, must
   agree within max(3 %, the A/A noise of either run). The rung is the ladder file's
@@ -35,14 +37,16 @@ from train.benchmarks.tune.overlay import as_sets
 from train.core import files
 
 
-def aa_result(ratios: list[float], repeat_ratios: list[float]) -> dict:
-    """The A/A pair's gain (its per-round ratios, crossed: isolated.pair_round), the first's own repeat noise, and
-    the verdicts."""
+def aa_result(ratios: list[float], repeat_ratios: list[float], process_factor: float) -> dict:
+    """The A/A pair's gain (its per-round ratios, crossed: isolated.pair_round), the first's own repeat noise, how
+    far apart its two processes ran (what the crossing cancelled: isolated.Pair.process_factor), and the
+    verdicts."""
     pair = stats.Gain.of(ratios)
     noise = stats.noise(repeat_ratios)
     return {
         **pair.as_dict(),
         "noise": noise,
+        "process_factor": process_factor,
         "passed": abs(pair.median - 1.0) <= stats.AA_TOLERANCE,
         "within_noise": abs(pair.median - 1.0) <= max(stats.AA_TOLERANCE, noise),
     }
@@ -56,7 +60,7 @@ def history(variant, rounds: Trials) -> None:
 
 
 def aa_of(pair: isolated.Pair) -> dict:
-    return aa_result(pair.ratios, pair.aa_ratios)
+    return aa_result(pair.ratios, pair.aa_ratios, pair.process_factor)
 
 
 def bench_pairing(cfg, rounds: Trials) -> dict:
@@ -81,7 +85,7 @@ def tune_pairing(load, rounds: Trials, own_value: dict) -> dict:
         comparison = measure.compare({}, own_value, rounds.rounds)
     finally:
         measure.close()
-    return aa_result(comparison.ratios, comparison.aa_ratios)
+    return aa_result(comparison.ratios, comparison.aa_ratios, comparison.process_factor)
 
 
 def order(before_cfg, rung_cfg, rung: str, rounds: Trials) -> dict:
@@ -153,8 +157,8 @@ def table(results: dict) -> str:
         for pairing, aa in result["aa"].items():
             lines.append(
                 f"| {name} | A/A, {pairing}'s pairing | x{aa['median']:.3f} (quartiles {aa['q1']:.3f}-"
-                f"{aa['q3']:.3f}; repeat noise {aa['noise']:.3f}) | 1.00 +-{stats.AA_TOLERANCE:.0%} | "
-                f"{'yes' if aa['passed'] else 'NO'} |"
+                f"{aa['q3']:.3f}; repeat noise {aa['noise']:.3f}; its processes x{aa['process_factor']:.3f} apart) | "
+                f"1.00 +-{stats.AA_TOLERANCE:.0%} | {'yes' if aa['passed'] else 'NO'} |"
             )
         order_row = result["order"]
         lines.append(

@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -309,6 +310,9 @@ class Pair:
     base: list[float]  # per crossed round: the base's examples/s (geometric mean of the two halves' round means)
     candidate: list[float]
     samples: dict  # every trial, per round of both halves: base, candidate, base (again), candidate (again)
+    # the process the candidate ran in first over the base's first (its own: the one made second), measured from
+    # the two halves (square root of their ratio): what the crossing cancels, and how large it was this time
+    process_factor: float = 1.0
 
 
 def _half(base, candidate, rounds: int, seconds: float, log: Callable[[str], None], min_calls: int) -> list[list]:
@@ -372,6 +376,10 @@ def pair_round(base, candidate, rounds: int, seconds: float, log: Callable[[str]
         role: [math.sqrt(a * b) for a, b in zip(means(first[i::2]), means(second[i::2]))]
         for role, i in (("base", 0), ("candidate", 1))
     }
+
+    def candidate_over_base(trials: list[list]) -> float:
+        return statistics.median(stats.paired(means(trials[1::2]), means(trials[0::2])))
+
     names = ("base", "candidate", "base (again)", "candidate (again)")
     return Pair(
         ratios=stats.paired(crossed["candidate"], crossed["base"]),
@@ -379,6 +387,7 @@ def pair_round(base, candidate, rounds: int, seconds: float, log: Callable[[str]
         base=crossed["base"],
         candidate=crossed["candidate"],
         samples={name: a + b for name, a, b in zip(names, first, second)},
+        process_factor=math.sqrt(candidate_over_base(first) / candidate_over_base(second)),
     )
 
 

@@ -52,6 +52,7 @@ class TrialMeasure:
                 reference_rate=statistics.median(pair.base),
                 candidate_rate=statistics.median(pair.candidate),
                 samples=pair.samples,
+                process_factor=pair.process_factor,
             )
         return self._compare_with(best, cand, rounds, extra)
 

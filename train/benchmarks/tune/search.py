@@ -41,6 +41,7 @@ class Comparison:
     candidate_rate: float
     extra: dict = dataclasses.field(default_factory=dict)  # name -> per-round ratios candidate / that variant
     samples: dict = dataclasses.field(default_factory=dict)  # name -> examples/s per round
+    process_factor: float | None = None  # a crossed pair's (isolated.Pair); None where not crossed
 
 
 class Measure(Protocol):
