@@ -99,6 +99,7 @@ def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data
         assert aa["passed"] == (abs(aa["median"] - 1) <= 0.03)
         assert aa["within_noise"] == (abs(aa["median"] - 1) <= max(0.03, aa["noise"]))
         assert aa["process_factor"] > 0
+        assert all(len(rates) == 6 for rates in aa["samples"].values()), aa["samples"]  # 3 rounds in each half
         assert f"its processes x{aa['process_factor']:.3f} apart" in (out / "check.md").read_text()
     order = checked["order"]
     assert order["rung"] == "vectorized augmentation"

@@ -37,10 +37,11 @@ from train.benchmarks.tune.overlay import as_sets
 from train.core import files
 
 
-def aa_result(ratios: list[float], repeat_ratios: list[float], process_factor: float) -> dict:
+def aa_result(ratios: list[float], repeat_ratios: list[float], process_factor: float, samples: dict) -> dict:
     """The A/A pair's gain (its per-round ratios, crossed: isolated.pair_round), the first's own repeat noise, how
     far apart its two processes ran (what the crossing cancelled: isolated.Pair.process_factor), and the
-    verdicts."""
+    verdicts. Every trial's examples/s goes into check.json too (first half's rounds, then the second's), so a
+    reading can be taken apart afterwards without running the check again."""
     pair = stats.Gain.of(ratios)
     noise = stats.noise(repeat_ratios)
     return {
@@ -49,6 +50,7 @@ def aa_result(ratios: list[float], repeat_ratios: list[float], process_factor: f
         "process_factor": process_factor,
         "passed": abs(pair.median - 1.0) <= stats.AA_TOLERANCE,
         "within_noise": abs(pair.median - 1.0) <= max(stats.AA_TOLERANCE, noise),
+        "samples": samples,
     }
 
 
@@ -60,7 +62,7 @@ def history(variant, rounds: Trials) -> None:
 
 
 def aa_of(pair: isolated.Pair) -> dict:
-    return aa_result(pair.ratios, pair.aa_ratios, pair.process_factor)
+    return aa_result(pair.ratios, pair.aa_ratios, pair.process_factor, pair.samples)
 
 
 def bench_pairing(cfg, rounds: Trials) -> dict:
@@ -85,7 +87,7 @@ def tune_pairing(load, rounds: Trials, own_value: dict) -> dict:
         comparison = measure.compare({}, own_value, rounds.rounds)
     finally:
         measure.close()
-    return aa_result(comparison.ratios, comparison.aa_ratios, comparison.process_factor)
+    return aa_result(comparison.ratios, comparison.aa_ratios, comparison.process_factor, comparison.samples)
 
 
 def order(before_cfg, rung_cfg, rung: str, rounds: Trials) -> dict:
