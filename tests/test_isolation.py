@@ -8,6 +8,7 @@ worker's failures reach the caller by kind (a candidate that cannot run vs a bug
 from __future__ import annotations
 
 import json
+import sys
 
 import psutil
 import pytest
@@ -92,6 +93,7 @@ def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data
     assert len(report["load_average"]["before"]) == 3 and report["cores"] >= 1
     assert report["cpu"]["model"] and isinstance(report["cpu"]["bf16_units"], bool)
     assert f"On {report['cpu']['model']} (" in (out / "check.md").read_text()
+    assert ("No worker stalled." in (out / "check.md").read_text()) == (report["stalls"] == [])
     checked = report["scenarios"]["auto"]
     assert set(checked["aa"]) == {"bench", "ladder", "tune"}
     for aa in checked["aa"].values():
@@ -280,3 +282,75 @@ def test_a_renewed_variant_runs_a_fresh_iterator_warmed_up_as_a_new_one(monkeypa
     assert variant.warmup_seconds > 0
     still = trials.Variant("ceiling", None, None, Model(), iter(range(10)), 4, "no factory")
     assert still.renew() == 0.0 and next(still.iterator) == 0  # nothing to renew: left as it was
+
+
+# A process that speaks the worker's protocol and stalls as a worker once did (docs/benchmarks.md, "A worker that
+# stalls"): every thread asleep, no CPU time, until the process is stopped and continued. SIGCONT is blocked, so only
+# sigwait sees it; the one that continues the stopped worker for each command is drained first.
+STALLING_WORKER = """
+import argparse, faulthandler, json, os, signal, sys, time
+parser = argparse.ArgumentParser()
+parser.add_argument("--reply-fd", type=int)
+reply = os.fdopen(parser.parse_args().reply_fd, "w")
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCONT})
+trials = 0
+for line in sys.stdin:
+    command = json.loads(line)["command"]
+    if command == "exit":
+        break
+    while signal.SIGCONT in signal.sigpending():
+        signal.sigwait({signal.SIGCONT})
+    if command == "trial":
+        trials += 1
+        if trials == 1:
+            signal.sigwait({signal.SIGCONT})
+        answer = {"rate": trials}
+    elif command == "spin":
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            pass
+        answer = {}
+    else:  # "hang": asleep for good, whatever it is sent
+        time.sleep(3600)
+    reply.write(json.dumps(answer) + "\\n")
+    reply.flush()
+"""
+
+
+def stalling_worker(tmp_path) -> isolated.Worker:
+    script = tmp_path / "stalling_worker.py"
+    script.write_text(STALLING_WORKER)
+    return isolated.Worker("stalling", program=[sys.executable, str(script)], stall_s=0.4, poll_s=0.1)
+
+
+def test_a_trial_that_stalls_is_continued_and_measured_again(tmp_path, capfd):
+    stalled = stalling_worker(tmp_path)
+    try:
+        assert stalled.call("trial") == {"rate": 2}  # the stalled trial's rate is not kept
+        assert stalled.nudges == 1
+        err = capfd.readouterr().err
+        assert "stalling: no CPU time used for 0.4 s during 'trial': stopped and continued it (1 of 3" in err
+        assert "the trial it stalled in is measured again" in err
+        assert "Current thread" in err or "Thread 0x" in err  # the worker's stacks, dumped by faulthandler
+    finally:
+        stalled.close()
+
+
+def test_a_busy_command_is_never_taken_for_a_stall(tmp_path):
+    busy = stalling_worker(tmp_path)
+    try:
+        assert busy.call("spin") == {}
+        assert busy.nudges == 0
+    finally:
+        busy.close()
+
+
+def test_a_worker_that_stays_asleep_is_given_up_as_a_failed_variant(tmp_path):
+    asleep = stalling_worker(tmp_path)
+    try:
+        with pytest.raises(isolated.VariantFailed, match=r"stalling: its worker used no CPU time .* during 'hang', 4"):
+            asleep.call("hang")
+        assert asleep.nudges == 3 and asleep.process.poll() is not None
+    finally:
+        asleep.close()

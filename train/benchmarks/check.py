@@ -183,7 +183,15 @@ def main(opts: CheckOptions) -> int:
     )
     load = {"before": list(load_before), "after": list(os.getloadavg())}
     cpu = machine.cpu_record()
-    report = {"passed": passed, "load_average": load, "cpu": cpu, "cores": os.cpu_count(), "scenarios": results}
+    stalled = list(isolated.stalls)
+    report = {
+        "passed": passed,
+        "load_average": load,
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "stalls": stalled,
+        "scenarios": results,
+    }
     files.write_json(out / "check.json", report)
     before, after = (", ".join(f"{x:.2f}" for x in load[when]) for when in ("before", "after"))
     text = "\n".join(
@@ -195,6 +203,13 @@ def main(opts: CheckOptions) -> int:
             f"{after}.",
             "",
             table(results),
+            "",
+            (
+                f"Workers stalled and were stopped and continued {len(stalled)} times ({'; '.join(stalled)}): "
+                'see docs/benchmarks.md, "A worker that stalls".'
+                if stalled
+                else "No worker stalled."
+            ),
             "",
             "All checks passed." if passed else "Some checks failed: figures measured here now are not to be trusted.",
             "",

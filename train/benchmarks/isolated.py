@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import select
 import shutil
 import signal
 import statistics
@@ -29,12 +30,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from train import config as config_lib
 from train.benchmarks import stats
 from train.config import Config
 from train.core.errors import UserError
 
 WORKER_START_TIMEOUT_S = 600.0  # a first epoch that fills a cache of a large dataset takes a while
+# A worker that spends no CPU time for STALL_S while a command is out waits on something nothing will wake: once, on
+# the Intel kind, a worker dropping a tf.data iterator sat 2.5 minutes with every thread in a futex wait, and went on
+# the moment a debugger attached (which stops and continues every thread). The parent does the same: it dumps the
+# worker's Python stacks, stops and continues it, up to STALL_NUDGES times, then gives the variant up as failed.
+STALL_S = 60.0
+STALL_NUDGES = 3
+POLL_S = 5.0
+stalls: list[str] = []  # every stall a worker of this process was stopped and continued out of, for the reports
 
 
 class VariantFailed(RuntimeError):
@@ -64,14 +75,15 @@ class Facts:
 
 
 class Worker:
-    """A `python -m train.benchmarks.worker` process, stopped between commands."""
+    """A `python -m train.benchmarks.worker` process, stopped between commands. `program` replaces that module
+    (tests: a process that speaks the same protocol)."""
 
-    def __init__(self, label: str):
+    def __init__(self, label: str, program: list[str] | None = None, stall_s: float = STALL_S, poll_s: float = POLL_S):
         self.label = label
         self.folder = Path(tempfile.mkdtemp(prefix="bench-worker-"))
         read_end, write_end = os.pipe()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "train.benchmarks.worker", "--reply-fd", str(write_end)],
+            (program or [sys.executable, "-m", "train.benchmarks.worker"]) + ["--reply-fd", str(write_end)],
             stdin=subprocess.PIPE,
             pass_fds=(write_end,),
             text=True,
@@ -79,6 +91,8 @@ class Worker:
         os.close(write_end)
         self.replies = os.fdopen(read_end, "r")
         self.stopped = self.busy = False
+        self.stall_s, self.poll_s = stall_s, poll_s
+        self.nudges = 0  # stalls this worker was stopped and continued out of, over its life
 
     def config_file(self, cfg: Config, name: str) -> str:
         path = self.folder / f"{name}.yaml"
@@ -107,6 +121,47 @@ class Worker:
             self.process.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         self.stopped = True
 
+    def _cpu_seconds(self) -> float | None:
+        try:
+            times = psutil.Process(self.process.pid).cpu_times()
+        except psutil.Error:
+            return None
+        return times.user + times.system
+
+    def _await_reply(self, command: str) -> tuple[str, bool]:
+        """The worker's reply line ("" where it died), and whether it had to be nudged out of a stall on the way."""
+        nudged, spent, still_since = 0, self._cpu_seconds(), time.monotonic()
+        while not select.select([self.replies], [], [], self.poll_s)[0]:
+            now = self._cpu_seconds()
+            if now is None or now != spent:
+                spent, still_since = now, time.monotonic()
+                continue
+            if time.monotonic() - still_since < self.stall_s:
+                continue
+            if nudged == STALL_NUDGES:
+                self.process.kill()
+                self.process.wait()
+                raise VariantFailed(
+                    f"{self.label}: its worker used no CPU time for {self.stall_s:g} s during '{command}', "
+                    f"{nudged + 1} times in a row, and was stopped and continued in between: it waits on something "
+                    "that will not come. Killed; its Python stacks are in the log above."
+                )
+            self._signal(signal.SIGUSR1)  # the worker's faulthandler writes its threads' stacks to stderr
+            self._stop()
+            self._signal(signal.SIGCONT)
+            self.stopped = False
+            nudged += 1
+            self.nudges += 1
+            stalls.append(f"{self.label} during '{command}'")
+            print(
+                f"  {self.label}: no CPU time used for {self.stall_s:g} s during '{command}': stopped and continued "
+                f"it ({nudged} of {STALL_NUDGES}; its Python stacks are above)",
+                file=sys.stderr,
+                flush=True,
+            )
+            still_since = time.monotonic()
+        return self.replies.readline(), nudged > 0
+
     def call(self, command: str, **arguments) -> dict:
         """Continue the worker, run one command, stop it again; its failure is raised by kind."""
         if self.process.poll() is not None:
@@ -117,13 +172,17 @@ class Worker:
         self.busy = True
         self.process.stdin.write(json.dumps({"command": command, **arguments}) + "\n")
         self.process.stdin.flush()
-        line = self.replies.readline()
+        line, nudged = self._await_reply(command)
         self.busy = False
         if not line:
             self.process.wait()
             raise self._died(f"during '{command}'")
         self._stop()
         reply = json.loads(line)
+        if nudged and command == "trial" and "error" not in reply:
+            # its rate counts the stall: measured again
+            print(f"  {self.label}: the trial it stalled in is measured again", file=sys.stderr, flush=True)
+            return self.call(command, **arguments)
         if "error" in reply:
             if reply["kind"] == "user":
                 raise UserError(reply["error"].split(": ", 1)[-1])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reply-fd", type=int, required=True)
     args = parser.parse_args(argv)
     die_with_parent()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks for the stacks of a stalled worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the workers
     from train.core.quiet import import_tensorflow
 
