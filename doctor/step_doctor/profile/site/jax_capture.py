@@ -13,7 +13,10 @@ its absolute start time).
 - A plain JAX loop (no `fit`): nothing in Python sees a jitted function's calls (JAX runs them in C++), so the
   window is time-based: it starts once JAX has compiled and `START_AFTER_S` have passed without a compile (or
   `SETTLE_MAX_S` after the first, for a loop that compiles every step), and lasts `--seconds` (2 s by default);
-  `diagnose` infers the steps from the jitted step's executions.
+  `diagnose` infers the steps from the jitted step's executions. A Keras `fit` that begins inside that window
+  takes it over (its steps are marked and end it); one that begins after it finds the capture done, and the
+  profile holds the 2 s before it (a known gap: a script that makes its data for longer than that between building
+  its model and `fit`).
 
 Standard library only, like capture.py; JAX is used once the script imported it.
 """
@@ -129,5 +132,11 @@ class JaxCapture:
             self.begin(f"{time.time() - first:.1f} s after JAX's first compile")
         started = time.time()
         while self.state == "active" and time.time() - started < seconds:
+            if self.fit_used:
+                # Keras fit was still to come: a script that builds its model (JAX compiles its initializers) and
+                # then takes over START_AFTER_S to make its data looked like a plain loop. Its fit steps are marked
+                # from here on and end the window (keras_fit.step_begin), as in any fit.
+                self.status["window"] = {"steps": list(self.window), "from": "Keras fit, begun in a plain-loop window"}
+                return
             time.sleep(0.05)
         self.end(f"the window's {seconds:g} s ended")
