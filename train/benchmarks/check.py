@@ -34,6 +34,7 @@ from train.benchmarks import isolated, ladder, stats, trials
 from train.benchmarks.options import BenchOptions, CheckOptions, LadderOptions, Trials, TuneOptions
 from train.benchmarks.tune.measure import TrialMeasure
 from train.benchmarks.tune.overlay import as_sets
+from train.benchmarks.tune.search import Comparison
 from train.core import files
 
 
@@ -61,7 +62,8 @@ def history(variant, rounds: Trials) -> None:
     variant.samples.clear()
 
 
-def aa_of(pair: isolated.Pair) -> dict:
+def aa_of(pair: isolated.Pair | Comparison) -> dict:
+    """A crossed pair's A/A result: bench's and the ladder's (isolated.Pair) or tune's (its Comparison)."""
     return aa_result(pair.ratios, pair.aa_ratios, pair.process_factor, pair.samples)
 
 
@@ -87,7 +89,7 @@ def tune_pairing(load, rounds: Trials, own_value: dict) -> dict:
         comparison = measure.compare({}, own_value, rounds.rounds)
     finally:
         measure.close()
-    return aa_result(comparison.ratios, comparison.aa_ratios, comparison.process_factor, comparison.samples)
+    return aa_of(comparison)
 
 
 def order(before_cfg, rung_cfg, rung: str, rounds: Trials) -> dict:

@@ -121,6 +121,10 @@ class Worker:
             self.process.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         self.stopped = True
 
+    def _continue(self) -> None:
+        self._signal(signal.SIGCONT)
+        self.stopped = False
+
     def _cpu_seconds(self) -> float | None:
         try:
             times = psutil.Process(self.process.pid).cpu_times()
@@ -148,8 +152,7 @@ class Worker:
                 )
             self._signal(signal.SIGUSR1)  # the worker's faulthandler writes its threads' stacks to stderr
             self._stop()
-            self._signal(signal.SIGCONT)
-            self.stopped = False
+            self._continue()
             nudged += 1
             self.nudges += 1
             stalls.append(f"{self.label} during '{command}'")
@@ -167,8 +170,7 @@ class Worker:
         if self.process.poll() is not None:
             raise self._died("earlier")
         if self.stopped:
-            self._signal(signal.SIGCONT)
-            self.stopped = False
+            self._continue()
         self.busy = True
         self.process.stdin.write(json.dumps({"command": command, **arguments}) + "\n")
         self.process.stdin.flush()
@@ -197,7 +199,7 @@ class Worker:
             self.process.kill()
             self.process.wait()
         if self.process.poll() is None:
-            self._signal(signal.SIGCONT)
+            self._continue()
             try:
                 self.process.stdin.write(json.dumps({"command": "exit"}) + "\n")
                 self.process.stdin.close()
