@@ -4,7 +4,8 @@ Keras 3 on the JAX backend (fed by tf.data or a PyDataset) and plain JAX loops (
 from device memory). `record(root)` trains every case in one process and profiles a window of its steps as
 `step-doctor profile` would (jax_capture.py): JAX's profiler, with step markers in Keras fit and none in a plain
 loop, and TensorFlow's profiler beside it where tf.data feeds the steps, its file moved into JAX's session folder.
-`python tests/jax_pipelines.py CASE` trains one case as a user's script, for `step-doctor profile` itself.
+`python tests/jax_pipelines.py CASE` trains one case as a user's script, for `step-doctor profile` itself
+(`--pause-before-fit S`: a Keras case waits S seconds between building its model and fit).
 
 KERAS_BACKEND must be jax before Keras is imported: this module sets it, so run it in a process of its own.
 """
@@ -143,8 +144,9 @@ def stop(run: Path, state) -> None:
         jax_capture.JaxCapture._move_tensorflow_file(state.side, str(run))
 
 
-def train_keras(case: str, run: Path | None, steps: int = 24) -> None:
+def train_keras(case: str, run: Path | None, steps: int = 24, pause_s: float = 0.0) -> None:
     data, model = KERAS[case]()
+    time.sleep(pause_s)  # a script that does something else between building its model and fit
     callbacks = [Window(run)] if run is not None else []
     model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
 
@@ -272,10 +274,13 @@ def record(root: Path) -> dict[str, float]:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--record":
         print(record(Path(sys.argv[2])))
-    elif len(sys.argv) == 2 and sys.argv[1] in CASES:  # as a user's script: long enough for profile's windows
+    elif len(sys.argv) in (2, 4) and sys.argv[1] in CASES:  # as a user's script: long enough for profile's windows
         if CASES[sys.argv[1]] == "keras":
-            train_keras(sys.argv[1], None, steps=40)
+            pause = float(sys.argv[3]) if len(sys.argv) == 4 and sys.argv[2] == "--pause-before-fit" else 0.0
+            train_keras(sys.argv[1], None, steps=40, pause_s=pause)
         else:
             train_loop(sys.argv[1], None, steps=1000)
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} CASE | --record ROOT   (cases: {', '.join(CASES)})")
+        raise SystemExit(
+            f"usage: {sys.argv[0]} CASE [--pause-before-fit SECONDS] | --record ROOT   (cases: {', '.join(CASES)})"
+        )

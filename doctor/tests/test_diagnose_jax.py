@@ -133,7 +133,17 @@ def test_the_diagnosis_of_a_jax_profile_needs_no_jax(corpus, tmp_path):
     assert json.loads(done.stdout)["runs"]["."]["recommendations"][0]["cause"] == "python-input"
 
 
-def test_profile_captures_keras_on_jax_unchanged_with_tf_data_stages(tmp_path):
+@pytest.mark.parametrize(
+    "pause",
+    [
+        # JAX's compiles are Keras building the model; fit comes 4 s later, after profile's plain-loop window (1 s
+        # of quiet, then 2 s) has been captured: fit's own window replaces it (jax_capture.retake_for_fit)
+        4.0,
+        # fit at once, inside the quiet before a plain-loop window (the path most scripts take; long: CI runs one)
+        pytest.param(0.0, marks=pytest.mark.long),
+    ],
+)
+def test_profile_captures_keras_on_jax_unchanged_with_tf_data_stages(tmp_path, pause):
     """`step-doctor profile` on the script as a user runs it: JAX's profiler over Keras fit's steps, TensorFlow's
     beside it for tf.data's stages, one verdict."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -148,6 +158,8 @@ def test_profile_captures_keras_on_jax_unchanged_with_tf_data_stages(tmp_path):
             sys.executable,
             str(CORPUS),
             "keras_tfdata_decode_every_step",
+            "--pause-before-fit",
+            str(pause),
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -159,10 +171,14 @@ def test_profile_captures_keras_on_jax_unchanged_with_tf_data_stages(tmp_path):
     document = json.loads(done.stdout)
     (process,) = document["capture"]["processes"]
     assert process["capture"]["profiler"] == "jax" and process["capture"]["state"] == "done", process
+    assert process["mode"] == "keras-fit" and process["window"]["steps"] == [5, 16], process
+    retaken = [note for note in process["notes"] if "fit's steps are captured instead" in note]
+    assert len(retaken) == 1 or not pause, process["notes"]  # with no pause, a slow machine may retake too
     (run,) = document["runs"].values()
     assert run["verdict"] == "input-bound", run["profile"]["input_bound_percent"]
     assert "MapAndBatch" in (run["recommendations"][0]["stage"] or "")
     session = Path(run["profile"]["session"])
+    assert [p.name for p in session.parent.iterdir()] == [session.name]  # the plain-loop capture is gone
     assert len(list(session.glob("*-tensorflow.xplane.pb"))) == len(list(session.glob("*.xplane.pb"))) - 1 == 1
 
 
@@ -205,3 +221,28 @@ def test_profile_captures_a_plain_jax_loop_over_a_time_window(tmp_path):
     assert process["mode"] == "jax-loop" and process["capture"]["profiler"] == "jax", process
     (run,) = document["runs"].values()
     assert run["verdict"] == "input-bound" and run["recommendations"][0]["cause"] == "python-input"
+
+
+def test_a_fit_too_short_for_its_window_keeps_the_plain_loop_capture(tmp_path):
+    """The retake's other end: a fit that begins after a plain-loop capture but ends before its own window begins
+    leaves that capture, its session and its status, as the run's (the capture object as a profiled process holds
+    it, driven through the transitions a JAX script makes)."""
+    import time
+
+    from step_doctor.profile.site.capture import Capture
+
+    capture = Capture({"steps": None, "status_dir": str(tmp_path), "logdir": str(tmp_path)})
+    session = tmp_path / "main" / "plugins" / "profile" / "2026_12_06_06_00_00"
+    session.mkdir(parents=True)
+    loop = {"state": "done", "profiler": "jax", "at": "1.0 s after JAX's first compile"}
+    capture.status.update(run="main", mode="jax-loop", window={"seconds": 2.0}, capture=loop)
+    capture.state, capture.last_session, capture.compiles = "done", str(session), [time.time() - 6]
+
+    capture.retake_for_fit()
+    assert capture.state == "waiting" and "fit's steps are captured instead" in capture.status["notes"][-1]
+    capture.status.update(mode="keras-fit")  # what fit_with_capture sets next; its window never begins
+    capture.at_exit()
+
+    saved = json.loads((tmp_path / f"{capture.pid}.json").read_text())
+    assert saved["mode"] == "jax-loop" and saved["capture"] == loop and saved["window"] == {"seconds": 2.0}, saved
+    assert "the plain-loop capture is kept" in saved["notes"][-1] and session.is_dir()

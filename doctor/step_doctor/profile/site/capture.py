@@ -426,6 +426,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
 
     def at_exit(self) -> None:
         self.end("the process exited")
+        self.keep_loop_capture()
         self.write_sources()  # again: datasets built after the window are kept too
         self.save()
 

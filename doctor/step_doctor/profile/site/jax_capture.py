@@ -13,10 +13,10 @@ its absolute start time).
 - A plain JAX loop (no `fit`): nothing in Python sees a jitted function's calls (JAX runs them in C++), so the
   window is time-based: it starts once JAX has compiled and `START_AFTER_S` have passed without a compile (or
   `SETTLE_MAX_S` after the first, for a loop that compiles every step), and lasts `--seconds` (2 s by default);
-  `diagnose` infers the steps from the jitted step's executions. A Keras `fit` that begins inside that window
-  takes it over (its steps are marked and end it); one that begins after it finds the capture done, and the
-  profile holds the 2 s before it (a known gap: a script that makes its data for longer than that between building
-  its model and `fit`).
+  `diagnose` infers the steps from the jitted step's executions. JAX's compiles can come from Keras building a
+  model too, and a script may then make its data for longer than that quiet before it calls `fit`: a Keras `fit`
+  that begins inside the window takes it over (its steps are marked and end it), and one that begins after it
+  captures its own window, which replaces the plain-loop one once it begins (`retake_for_fit`).
 
 Standard library only, like capture.py; JAX is used once the script imported it.
 """
@@ -43,6 +43,8 @@ class JaxCapture:
     keras_backend = None
     compiles: list
     tf_side: str | None = None
+    last_session: str | None = None  # the session folder JAX's profiler wrote last
+    superseded: dict | None = None  # a plain-loop capture that a later Keras fit's window replaces once it begins
 
     def on_jax(self, module) -> None:
         self.jax = module
@@ -67,6 +69,9 @@ class JaxCapture:
     def start_jax(self, run_dir: str) -> None:
         """JAX's profiler over the window, and TensorFlow's beside it where the script imported TensorFlow."""
         self.jax.profiler.start_trace(run_dir)
+        if self.superseded is not None:  # fit's window has begun: the plain-loop capture it replaces goes
+            shutil.rmtree(self.superseded["session"] or "", ignore_errors=True)
+            self.superseded = None
         self.tf_side = None
         if self.tf is not None and self.start_profiler is not None:
             side = tempfile.mkdtemp(prefix="step-doctor-tf-")
@@ -84,6 +89,8 @@ class JaxCapture:
         try:
             self.jax.profiler.stop_trace()
         finally:
+            sessions = _sessions(run_dir)
+            self.last_session = sessions[-1] if sessions else None
             if self.tf_side is not None:
                 side, self.tf_side = self.tf_side, None
                 try:
@@ -94,7 +101,7 @@ class JaxCapture:
     @staticmethod
     def _move_tensorflow_file(side: str, run_dir: str) -> None:
         """TensorFlow's xplane into JAX's newest session folder of this run, as <host>-tensorflow.xplane.pb."""
-        sessions = sorted(glob.glob(os.path.join(run_dir, "plugins", "profile", "*")))
+        sessions = _sessions(run_dir)
         written = glob.glob(os.path.join(side, "plugins", "profile", "*", "*.xplane.pb"))
         try:
             if sessions and written:
@@ -107,6 +114,42 @@ class JaxCapture:
         return self.jax.profiler.StepTraceAnnotation("train", step_num=step)
 
     # ---- a plain JAX loop: a time window after the compiles ----------------------------------------
+
+    def retake_for_fit(self) -> None:
+        """Called as Keras fit begins: where a plain-loop window has already been captured, capture fit's own.
+
+        That window began after JAX's compiles went quiet, and the compiles were Keras building the model: what it
+        held was the script making its data, not a training step. Fit's window is captured as in any fit, and the
+        plain-loop session is removed once that window begins (start_jax); a fit too short to reach its window leaves
+        the plain-loop capture as it was (keep_loop_capture)."""
+        with self.lock:  # end() may still be writing that capture
+            if os.getpid() != self.pid or self.state != "done" or self.status.get("mode") != "jax-loop":
+                return
+            capture = self.status["capture"] or {}
+            if capture.get("state") != "done":
+                return
+            self.superseded = {
+                "session": self.last_session,
+                "mode": self.status["mode"],
+                "window": self.status["window"],
+                "capture": capture,
+            }
+            self.state = "waiting"
+            began = round(time.time() - (self.compiles[0] if self.compiles else time.time()), 1)
+            seconds = (self.status["window"] or {}).get("seconds", LOOP_SECONDS)
+            self.note(
+                f"profile took JAX's first compiles for a plain JAX loop's and captured {seconds:g} s from "
+                f"{capture.get('at', 'then')}, but Keras fit began {began} s after JAX's first compile (the "
+                "compiles were Keras building the model): fit's steps are captured instead, with step markers, and "
+                "that first capture is dropped once they are."
+            )
+
+    def keep_loop_capture(self) -> None:
+        """At exit: a Keras fit that never reached its window leaves the plain-loop capture as the run's."""
+        if self.superseded is not None and self.state == "waiting":
+            kept, self.superseded = self.superseded, None
+            self.status.update(mode=kept["mode"], window=kept["window"], capture=kept["capture"])
+            self.note("Keras fit ended before its window began: the plain-loop capture is kept.")
 
     def _on_jax_event(self, name: str, seconds: float, **kwargs) -> None:
         if not name.endswith(COMPILED) or os.getpid() != self.pid:
@@ -140,3 +183,8 @@ class JaxCapture:
                 return
             time.sleep(0.05)
         self.end(f"the window's {seconds:g} s ended")
+
+
+def _sessions(run_dir: str) -> list[str]:
+    """The run's profile session folders, oldest first (their names are the time they began)."""
+    return sorted(glob.glob(os.path.join(run_dir, "plugins", "profile", "*")))
