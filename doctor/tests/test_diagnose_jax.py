@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -136,9 +138,9 @@ def test_the_diagnosis_of_a_jax_profile_needs_no_jax(corpus, tmp_path):
 @pytest.mark.parametrize(
     "pause",
     [
-        # JAX's compiles are Keras building the model; fit comes 4 s later, after profile's plain-loop window (1 s
-        # of quiet, then 2 s) has been captured: fit's own window replaces it (jax_capture.retake_for_fit)
-        4.0,
+        # JAX's compiles are Keras building the model; fit comes 8 s later, well after profile's plain-loop window
+        # (1 s of quiet, the profilers' start, 2 s) has been captured: fit's own replaces it (retake_for_fit)
+        8.0,
         # fit at once, inside the quiet before a plain-loop window (the path most scripts take; long: CI runs one)
         pytest.param(0.0, marks=pytest.mark.long),
     ],
@@ -227,8 +229,6 @@ def test_a_fit_too_short_for_its_window_keeps_the_plain_loop_capture(tmp_path):
     """The retake's other end: a fit that begins after a plain-loop capture but ends before its own window begins
     leaves that capture, its session and its status, as the run's (the capture object as a profiled process holds
     it, driven through the transitions a JAX script makes)."""
-    import time
-
     from step_doctor.profile.site.capture import Capture
 
     capture = Capture({"steps": None, "status_dir": str(tmp_path), "logdir": str(tmp_path)})
@@ -238,7 +238,8 @@ def test_a_fit_too_short_for_its_window_keeps_the_plain_loop_capture(tmp_path):
     capture.status.update(run="main", mode="jax-loop", window={"seconds": 2.0}, capture=loop)
     capture.state, capture.last_session, capture.compiles = "done", str(session), [time.time() - 6]
 
-    capture.retake_for_fit()
+    with capture.lock:  # as keras_fit's fit_with_capture calls it
+        capture.retake_for_fit()
     assert capture.state == "waiting" and "fit's steps are captured instead" in capture.status["notes"][-1]
     capture.status.update(mode="keras-fit")  # what fit_with_capture sets next; its window never begins
     capture.at_exit()
@@ -246,3 +247,22 @@ def test_a_fit_too_short_for_its_window_keeps_the_plain_loop_capture(tmp_path):
     saved = json.loads((tmp_path / f"{capture.pid}.json").read_text())
     assert saved["mode"] == "jax-loop" and saved["capture"] == loop and saved["window"] == {"seconds": 2.0}, saved
     assert "the plain-loop capture is kept" in saved["notes"][-1] and session.is_dir()
+
+
+@pytest.mark.parametrize("mode, opens", [("keras-fit", False), ("jax-loop", True)])
+def test_a_prove_trial_opens_a_plain_loop_window_only_for_a_plain_loop(tmp_path, mode, opens):
+    """A trial of `profile --prove` times the window the profile had: for a script profiled as Keras fit, JAX's
+    compiles (Keras building its model) must not start a plain-loop window that would end the trial before fit."""
+    from step_doctor.profile.site import jax_capture
+    from step_doctor.profile.site.capture import Capture
+
+    trial = {"fixes": [], "mode": mode}
+    capture = Capture({"steps": [6, 20], "status_dir": str(tmp_path), "logdir": str(tmp_path), "trial": trial})
+    capture._on_jax_event(f"/jax/compilation_cache/{jax_capture.COMPILED}", 0.1)
+    time.sleep(jax_capture.START_AFTER_S + 0.5)
+    state = capture.state
+    capture.state = "done"  # the window's thread then ends without end(): a trial's end leaves the process
+    for thread in threading.enumerate():
+        if thread.name == "profile-jax-window":
+            thread.join(timeout=5)
+    assert state == ("active" if opens else "waiting"), capture.status

@@ -176,14 +176,17 @@ def _drop_long_caches(candidates: list[Candidate], status: dict, step_ms: float)
     return [_as_unproved(c, why) for c in dropped]
 
 
-def run_trial(command: list[str], fixes: list[dict], steps: tuple[int, int], log: Path, timeout: float) -> dict:
-    """One run of the command with `fixes` applied, timing `steps`; the status of its process that timed them."""
+def run_trial(
+    command: list[str], fixes: list[dict], steps: tuple[int, int], log: Path, timeout: float, mode: str | None = None
+) -> dict:
+    """One run of the command with `fixes` applied, timing `steps` of the profiled `mode` (its status's: Keras fit, a
+    custom loop); the status of its process that timed them."""
     status_dir = tempfile.mkdtemp(prefix="step-doctor-prove-")
     scratch = tempfile.mkdtemp(prefix="step-doctor-prove-logs-")
     try:
         env = runner.child_env(Path(scratch), status_dir, list(steps), None, "trial")
         settings = json.loads(env[runner.ENV])
-        settings["trial"] = {"fixes": fixes}
+        settings["trial"] = {"fixes": fixes, "mode": mode}
         env[runner.ENV] = json.dumps(settings)
         with open(log, "w") as out, runner._unblocked() as early:  # a session of its own: what it starts is stopped
             child = subprocess.Popen(  # with it (a terminal's Ctrl-C reaches prove, which stops the trial)
@@ -255,7 +258,8 @@ def prove(
             trial.times.append(None)
         for index, trial in enumerate(order):
             try:
-                status_of = run_trial(command, trial.fixes, steps, logs / f"round{r + 1}-{index + 1}.log", timeout)
+                log = logs / f"round{r + 1}-{index + 1}.log"
+                status_of = run_trial(command, trial.fixes, steps, log, timeout, status.get("mode"))
             except Stopped as signal_name:
                 stopped = str(signal_name)
                 break

@@ -270,6 +270,7 @@ class Capture(keras_fit.FitCapture, jax_capture.JaxCapture):
                 else:
                     self.tf.profiler.experimental.stop()
                 capture.update(state="done")
+                self.drop_superseded()
             except Exception as error:
                 capture.update(state="failed", error=f"{type(error).__name__}: {error}")
             self.save()

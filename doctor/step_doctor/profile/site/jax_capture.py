@@ -16,7 +16,8 @@ its absolute start time).
   `diagnose` infers the steps from the jitted step's executions. JAX's compiles can come from Keras building a
   model too, and a script may then make its data for longer than that quiet before it calls `fit`: a Keras `fit`
   that begins inside the window takes it over (its steps are marked and end it), and one that begins after it
-  captures its own window, which replaces the plain-loop one once it begins (`retake_for_fit`).
+  captures its own window, which replaces the plain-loop one once it has been captured (`retake_for_fit`). Under
+  `profile --prove`, a trial of a script profiled as Keras fit opens no plain-loop window.
 
 Standard library only, like capture.py; JAX is used once the script imported it.
 """
@@ -69,9 +70,6 @@ class JaxCapture:
     def start_jax(self, run_dir: str) -> None:
         """JAX's profiler over the window, and TensorFlow's beside it where the script imported TensorFlow."""
         self.jax.profiler.start_trace(run_dir)
-        if self.superseded is not None:  # fit's window has begun: the plain-loop capture it replaces goes
-            shutil.rmtree(self.superseded["session"] or "", ignore_errors=True)
-            self.superseded = None
         self.tf_side = None
         if self.tf is not None and self.start_profiler is not None:
             side = tempfile.mkdtemp(prefix="step-doctor-tf-")
@@ -118,10 +116,12 @@ class JaxCapture:
     def retake_for_fit(self) -> None:
         """Called as Keras fit begins: where a plain-loop window has already been captured, capture fit's own.
 
-        That window began after JAX's compiles went quiet, and the compiles were Keras building the model: what it
-        held was the script making its data, not a training step. Fit's window is captured as in any fit, and the
-        plain-loop session is removed once that window begins (start_jax); a fit too short to reach its window leaves
-        the plain-loop capture as it was (keep_loop_capture)."""
+        That window began after JAX's compiles went quiet, and the compiles may have been Keras building the model:
+        then what it held was the script making its data, not a training step. Fit's window is captured as in any
+        fit, and the plain-loop session is removed once fit's has been captured (drop_superseded); where fit's window
+        never begins or its capture fails, the plain-loop capture stays the run's (keep_loop_capture). The caller
+        holds the lock, with fit_used set in the same hold, so the window's thread cannot end the plain-loop window
+        between the two (_watch_jax_loop)."""
         with self.lock:  # end() may still be writing that capture
             if os.getpid() != self.pid or self.state != "done" or self.status.get("mode") != "jax-loop":
                 return
@@ -139,23 +139,32 @@ class JaxCapture:
             seconds = (self.status["window"] or {}).get("seconds", LOOP_SECONDS)
             self.note(
                 f"profile took JAX's first compiles for a plain JAX loop's and captured {seconds:g} s from "
-                f"{capture.get('at', 'then')}, but Keras fit began {began} s after JAX's first compile (the "
-                "compiles were Keras building the model): fit's steps are captured instead, with step markers, and "
+                f"{capture.get('at', 'then')}, but Keras fit began {began} s after JAX's first compile (JAX "
+                "compiles as Keras builds a model, too): fit's steps are captured instead, with step markers, and "
                 "that first capture is dropped once they are."
             )
 
+    def drop_superseded(self) -> None:
+        """Fit's window has been captured (end): the plain-loop session it replaces is removed."""
+        if self.superseded is not None:
+            kept, self.superseded = self.superseded, None
+            if kept["session"]:
+                shutil.rmtree(kept["session"], ignore_errors=True)
+
     def keep_loop_capture(self) -> None:
-        """At exit: a Keras fit that never reached its window leaves the plain-loop capture as the run's."""
-        if self.superseded is not None and self.state == "waiting":
+        """At exit: where fit's window never began or its capture failed, the plain-loop capture stays the run's."""
+        if self.superseded is not None:
             kept, self.superseded = self.superseded, None
             self.status.update(mode=kept["mode"], window=kept["window"], capture=kept["capture"])
-            self.note("Keras fit ended before its window began: the plain-loop capture is kept.")
+            self.note("Keras fit's window was not captured: the plain-loop capture is kept.")
 
     def _on_jax_event(self, name: str, seconds: float, **kwargs) -> None:
         if not name.endswith(COMPILED) or os.getpid() != self.pid:
             return
         self.compiles.append(time.time())
         self.status["jax_compiles"] = len(self.compiles)  # saved with the status's next write
+        if self.trial and self.trial.get("mode") not in (None, "jax-loop"):
+            return  # a trial of `profile --prove` times the window the profile had (Keras fit's steps)
         if len(self.compiles) == 1 and not self.fit_used and self.state == "waiting":
             threading.Thread(target=self._watch_jax_loop, name="profile-jax-window", daemon=True).start()
 
@@ -174,15 +183,16 @@ class JaxCapture:
             self.status["window"] = {"seconds": seconds, "after_first_compile_s": round(time.time() - first, 2)}
             self.begin(f"{time.time() - first:.1f} s after JAX's first compile")
         started = time.time()
-        while self.state == "active" and time.time() - started < seconds:
-            if self.fit_used:
+        while self.state == "active" and time.time() - started < seconds and not self.fit_used:
+            time.sleep(0.05)
+        with self.lock:  # fit_used is set under it (keras_fit): a fit is in this window or after it, never between
+            if self.state == "active" and self.fit_used:
                 # Keras fit was still to come: a script that builds its model (JAX compiles its initializers) and
                 # then takes over START_AFTER_S to make its data looked like a plain loop. Its fit steps are marked
                 # from here on and end the window (keras_fit.step_begin), as in any fit.
                 self.status["window"] = {"steps": list(self.window), "from": "Keras fit, begun in a plain-loop window"}
                 return
-            time.sleep(0.05)
-        self.end(f"the window's {seconds:g} s ended")
+            self.end(f"the window's {seconds:g} s ended")
 
 
 def _sessions(run_dir: str) -> list[str]:

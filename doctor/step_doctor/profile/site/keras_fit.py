@@ -68,8 +68,9 @@ class FitCapture:
             else:  # a CallbackList
                 capture.take_over_profilers(list(getattr(callbacks, "callbacks", [])), model)
                 callbacks.append(own)
-            capture.retake_for_fit()  # a plain-JAX-loop window already captured before this fit (jax_capture.py)
-            capture.fit_used = True
+            with capture.lock:
+                capture.retake_for_fit()  # a plain-JAX-loop window already captured before this fit (jax_capture.py)
+                capture.fit_used = True
             capture.keras_backend = "jax" if capture.jax_trainer(model) else "tensorflow"
             capture.status["mode"] = "keras-fit"
             capture.in_keras += 1
