@@ -69,6 +69,8 @@ def test_a_bug_in_a_worker_is_raised_as_a_bug_not_as_a_failed_variant(tiny_data_
 
 @pytest.mark.long
 def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data_dir, tmp_path):
+    from train.benchmarks import check
+
     out = tmp_path / "check"
     sets = [
         a
@@ -103,6 +105,7 @@ def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data
         assert aa["process_factor"] > 0
         assert all(len(rates) == 6 for rates in aa["samples"].values()), aa["samples"]  # 3 rounds in each half
         assert f"its processes x{aa['process_factor']:.3f} apart" in (out / "check.md").read_text()
+        assert aa["reading"] == check.reading(aa) and f"| {aa['reading']} |" in (out / "check.md").read_text()
     order = checked["order"]
     assert order["rung"] == "vectorized augmentation"
     first, second = order["as_candidate"]["median"], order["as_base"]["median"]
@@ -117,6 +120,32 @@ def test_bench_check_runs_the_aa_and_order_checks_and_reports_the_load(tiny_data
         assert aa["within_noise"], (pairing, aa)
     # the rung's gain reads the same whether it is the fresh candidate or the long-running base
     assert order["passed"], order
+
+
+def test_bench_check_tells_a_bias_from_a_run_too_noisy_to_tell():
+    """The figures of two real rows: the issue's ladder pairing (2026-12-05: a fresh process 4-6 % ahead, its
+    quartiles wholly above 1.03, a repeat noise of 0.03) and a noisier machine's bench pairing (full-a, 2026-12-06:
+    off by 3.7 % within a repeat noise of 0.10)."""
+    from train.benchmarks import check
+
+    quiet = [1.0, 1.02, 0.99, 1.01, 1.0, 1.03]  # a base's second trial over its first, per round: IQR about 0.02
+    noisy = [0.93, 1.05, 0.96, 1.08, 1.0, 0.98]  # ... about 0.09
+    biased = check.aa_result([1.036, 1.044, 1.063], quiet, 1.0, {})
+    too_noisy = check.aa_result([0.922, 0.963, 1.035, 1.027, 0.959], noisy, 1.0, {})
+    neither = check.aa_result([0.95, 0.96, 1.04], quiet, 1.0, {})
+    fine = check.aa_result([0.99, 1.0, 1.01], quiet, 1.0, {})
+    assert check.reading(biased) == "NO: a bias, its quartiles all outside"
+    assert check.reading(too_noisy).startswith("NO: within this run's repeat noise (0.0")
+    assert check.reading(neither) == "NO" and check.reading(fine) == "yes"
+
+    def results(*rows, order=True):
+        return {"auto": {"aa": dict(zip(("bench", "ladder", "tune"), rows)), "order": {"passed": order}}}
+
+    assert check.verdict(results(fine, fine, fine)) == "All checks passed."
+    assert "too noisy" in check.verdict(results(too_noisy, fine, fine))
+    for failing in (results(too_noisy, biased, fine), results(neither, fine, fine), results(too_noisy, order=False)):
+        verdict = check.verdict(failing)
+        assert verdict.startswith("Some checks failed") and "too noisy" not in verdict
 
 
 class FakeWorker:

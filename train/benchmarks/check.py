@@ -11,6 +11,8 @@
   noise of that moment (`within_noise`: the A/A median lies within max(3 %, that noise)). Each
   also reports how far apart its two processes ran (`process_factor`, from the two halves): what
   the crossing cancelled. What it leaves is the part of that factor that changed between halves.
+  A failed row is read as a bias (its quartiles wholly outside the band) or as that run's noise
+  (`reading`): a machine too noisy to tell is not a harness to fix.
 - **order**: a rung's gain measured with it as the fresh candidate against the long-running
   base, and again with it as the long-running base against the fresh rung before it, must
   agree within max(3 %, the A/A noise of either run). The rung is the ladder file's
@@ -45,7 +47,7 @@ def aa_result(ratios: list[float], repeat_ratios: list[float], process_factor: f
     reading can be taken apart afterwards without running the check again."""
     pair = stats.Gain.of(ratios)
     noise = stats.noise(repeat_ratios)
-    return {
+    result = {
         **pair.as_dict(),
         "noise": noise,
         "process_factor": process_factor,
@@ -53,6 +55,39 @@ def aa_result(ratios: list[float], repeat_ratios: list[float], process_factor: f
         "within_noise": abs(pair.median - 1.0) <= max(stats.AA_TOLERANCE, noise),
         "samples": samples,
     }
+    return {**result, "reading": reading(result)}
+
+
+def reading(aa: dict) -> str:
+    """A/A row's verdict, and for a failed row what failed: a bias (its quartiles lie wholly outside 1.00 +-3 %, as
+    a fresh process's 4-6 % lead did on the Intel kind, 2026-12-05), or the machine's noise (the median lies within
+    the repeat noise of that very run, wider than the band: the run could not tell a 3 % bias from none)."""
+    if aa["passed"]:
+        return "yes"
+    low, high = 1.0 - stats.AA_TOLERANCE, 1.0 + stats.AA_TOLERANCE
+    if aa["q1"] > high or aa["q3"] < low:
+        return "NO: a bias, its quartiles all outside"
+    if aa["within_noise"]:
+        return f"NO: within this run's repeat noise ({aa['noise']:.3f}), too noisy to tell"
+    return "NO"
+
+
+def verdict(results: dict) -> str:
+    """The report's last line; where only A/A rows failed, each within its own noise, it says the machine was too
+    noisy to tell, not that the harness is biased."""
+    rows = [aa for result in results.values() for aa in result["aa"].values()]
+    if all(aa["passed"] for aa in rows) and all(result["order"]["passed"] for result in results.values()):
+        return "All checks passed."
+    text = "Some checks failed: figures measured here now are not to be trusted."
+    if all(result["order"]["passed"] for result in results.values()) and all(
+        reading(aa).startswith("NO: within") for aa in rows if not aa["passed"]
+    ):
+        text += (
+            " Each row that failed lies within its own run's repeat noise: this machine was too noisy for the check "
+            "to tell a 3 % bias from none. Run it again on a quieter machine, or at a quieter time, before looking "
+            "for a cause in the harness."
+        )
+    return text
 
 
 def history(variant, rounds: Trials) -> None:
@@ -162,7 +197,7 @@ def table(results: dict) -> str:
             lines.append(
                 f"| {name} | A/A, {pairing}'s pairing | x{aa['median']:.3f} (quartiles {aa['q1']:.3f}-"
                 f"{aa['q3']:.3f}; repeat noise {aa['noise']:.3f}; its processes x{aa['process_factor']:.3f} apart) | "
-                f"1.00 +-{stats.AA_TOLERANCE:.0%} | {'yes' if aa['passed'] else 'NO'} |"
+                f"1.00 +-{stats.AA_TOLERANCE:.0%} | {aa['reading']} |"
             )
         order_row = result["order"]
         lines.append(
@@ -213,7 +248,7 @@ def main(opts: CheckOptions) -> int:
                 else "No worker stalled."
             ),
             "",
-            "All checks passed." if passed else "Some checks failed: figures measured here now are not to be trusted.",
+            verdict(results),
             "",
         ]
     )
