@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from train.cli import arguments
+from train.core.errors import UserError
 from train.core.quiet import import_tensorflow
 
 
@@ -124,6 +125,17 @@ def cmd_bench(args) -> int:
 
 
 def cmd_bench_check(args) -> int:
+    if args.pool:
+        measuring = {"--scenario": args.scenario, "--set": args.overrides, "--trials": args.trials}
+        given = [flag for flag, value in {**measuring, "--seconds": args.seconds}.items() if value]
+        if given:
+            raise UserError(
+                f"bench-check --pool reads earlier runs' check.json and measures nothing, so {', '.join(given)} "
+                "does not apply: give --pool with --out only."
+            )
+        from train.benchmarks import check_pool
+
+        return check_pool.main([Path(folder) for folder in args.pool], Path(args.out))
     opts = _options_with_tensorflow(args)
     from train.benchmarks import check
 
@@ -192,6 +204,13 @@ def _add_benchmark_commands(commands) -> None:
     check.add_argument("--trials", type=int, help="rounds of every check (default: each command's own)")
     check.add_argument("--seconds", type=float, help="minimum seconds per trial (default: each command's own)")
     check.add_argument("--out", default=str(options.CheckOptions.out), help="output folder (default: %(default)s)")
+    check.add_argument(
+        "--pool",
+        nargs="+",
+        metavar="DIR",
+        help="measure nothing: pool the A/A rounds of earlier runs (their --out folders, one machine kind) and say "
+        "whether each pairing centres within 1%% of 1.00 -> OUT/pooled.{json,md}",
+    )
     check.set_defaults(func=cmd_bench_check)
 
     ladder = commands.add_parser("ladder", help="turn on one optimization at a time from naive, measure each")
