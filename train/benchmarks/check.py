@@ -58,29 +58,43 @@ def aa_result(ratios: list[float], repeat_ratios: list[float], process_factor: f
     return {**result, "reading": reading(result)}
 
 
-def reading(aa: dict) -> str:
-    """A/A row's verdict, and for a failed row what failed: a bias (its quartiles lie wholly outside 1.00 +-3 %, as
-    a fresh process's 4-6 % lead did on the Intel kind, 2026-12-05), or the machine's noise (the median lies within
-    the repeat noise of that very run, wider than the band: the run could not tell a 3 % bias from none)."""
+def failure(aa: dict) -> str | None:
+    """What failed in an A/A row (None where it passed): "bias" where its quartiles lie wholly outside 1.00 +-3 % (as
+    a fresh process's 4-6 % lead did on the Intel kind, 2026-12-05), "noise" where its median lies within the repeat
+    noise of that very run, wider than the band (the run could not tell a 3 % bias from none), else "unexplained"."""
     if aa["passed"]:
-        return "yes"
+        return None
     low, high = 1.0 - stats.AA_TOLERANCE, 1.0 + stats.AA_TOLERANCE
     if aa["q1"] > high or aa["q3"] < low:
-        return "NO: a bias, its quartiles all outside"
-    if aa["within_noise"]:
-        return f"NO: within this run's repeat noise ({aa['noise']:.3f}), too noisy to tell"
-    return "NO"
+        return "bias"
+    return "noise" if aa["within_noise"] else "unexplained"
+
+
+def reading(aa: dict) -> str:
+    """The A/A row's verdict as the report prints it (failure)."""
+    return {
+        None: "yes",
+        "bias": "NO: a bias, its quartiles all outside",
+        "noise": f"NO: within this run's repeat noise ({aa['noise']:.3f}), too noisy to tell",
+        "unexplained": "NO",
+    }[failure(aa)]
+
+
+def all_passed(results: dict) -> bool:
+    return all(
+        all(aa["passed"] for aa in result["aa"].values()) and result["order"]["passed"] for result in results.values()
+    )
 
 
 def verdict(results: dict) -> str:
     """The report's last line; where only A/A rows failed, each within its own noise, it says the machine was too
     noisy to tell, not that the harness is biased."""
-    rows = [aa for result in results.values() for aa in result["aa"].values()]
-    if all(aa["passed"] for aa in rows) and all(result["order"]["passed"] for result in results.values()):
+    if all_passed(results):
         return "All checks passed."
     text = "Some checks failed: figures measured here now are not to be trusted."
+    rows = [aa for result in results.values() for aa in result["aa"].values()]
     if all(result["order"]["passed"] for result in results.values()) and all(
-        reading(aa).startswith("NO: within") for aa in rows if not aa["passed"]
+        failure(aa) == "noise" for aa in rows if not aa["passed"]
     ):
         text += (
             " Each row that failed lies within its own run's repeat noise: this machine was too noisy for the check "
@@ -215,9 +229,7 @@ def main(opts: CheckOptions) -> int:
     for choice in opts.scenarios:
         print(f"[{choice}]", flush=True)
         results[choice] = check_scenario(choice, opts)
-    passed = all(
-        all(aa["passed"] for aa in result["aa"].values()) and result["order"]["passed"] for result in results.values()
-    )
+    passed = all_passed(results)
     load = {"before": list(load_before), "after": list(os.getloadavg())}
     cpu = machine.cpu_record()
     stalled = list(isolated.stalls)

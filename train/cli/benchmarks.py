@@ -126,8 +126,13 @@ def cmd_bench(args) -> int:
 
 def cmd_bench_check(args) -> int:
     if args.pool:
-        measuring = {"--scenario": args.scenario, "--set": args.overrides, "--trials": args.trials}
-        given = [flag for flag, value in {**measuring, "--seconds": args.seconds}.items() if value]
+        measuring = {
+            "--scenario": args.scenario,
+            "--set": args.overrides,
+            "--trials": args.trials,
+            "--seconds": args.seconds,
+        }
+        given = [flag for flag, value in measuring.items() if value]
         if given:
             raise UserError(
                 f"bench-check --pool reads earlier runs' check.json and measures nothing, so {', '.join(given)} "

@@ -128,14 +128,9 @@ class JaxCapture:
             capture = self.status["capture"] or {}
             if capture.get("state") != "done":
                 return
-            self.superseded = {
-                "session": self.last_session,
-                "mode": self.status["mode"],
-                "window": self.status["window"],
-                "capture": capture,
-            }
+            self.superseded = {"session": self.last_session, "window": self.status["window"], "capture": capture}
             self.state = "waiting"
-            began = round(time.time() - (self.compiles[0] if self.compiles else time.time()), 1)
+            began = round(time.time() - self.compiles[0], 1)  # a plain-loop window began after the first compile
             seconds = (self.status["window"] or {}).get("seconds", LOOP_SECONDS)
             self.note(
                 f"profile took JAX's first compiles for a plain JAX loop's and captured {seconds:g} s from "
@@ -155,7 +150,7 @@ class JaxCapture:
         """At exit: where fit's window never began or its capture failed, the plain-loop capture stays the run's."""
         if self.superseded is not None:
             kept, self.superseded = self.superseded, None
-            self.status.update(mode=kept["mode"], window=kept["window"], capture=kept["capture"])
+            self.status.update(mode="jax-loop", window=kept["window"], capture=kept["capture"])
             self.note("Keras fit's window was not captured: the plain-loop capture is kept.")
 
     def _on_jax_event(self, name: str, seconds: float, **kwargs) -> None:
