@@ -111,3 +111,30 @@ def test_a_cache_after_a_map_removes_the_wait_on_the_reads_under_it_too():
     at, found = _files_read_one_after_another({"decode": 1.5, "augmentation": 0.2, "other": 3.3})
     assert all(not (r.estimates and "cache" in r.estimates) for r in found if r.stage == at)
     assert all(r.estimated_gain < 1.5 for r in found if r.stage == at)
+
+
+def test_no_cache_is_offered_over_python_below_the_stage():
+    """held-out lookup_in_map: a map that only checks shapes, over a sequential map whose numpy_function sleeps (a
+    lookup in a store). A cache after the upper map would keep the lookup's answers, which the trace cannot say are
+    fixed: counting the wait below, it was offered at x11.2."""
+    python = records.functions(work_ms=19.6, wall_ms=19.6, ops_ms={"python": 19.0}, top_ops=(("PyFunc", 19.0),))
+    at = "Iterator::Root::MapAndBatch"
+    tree = (
+        records.stage("Iterator::Root", "Root", pass_through=True),
+        records.stage(
+            at,
+            "MapAndBatch",
+            user_ops=("MapDataset:1",),
+            blocking_ms=0.4,
+            functions=records.functions(work_ms=0.39, wall_ms=0.39, ops_ms={"other": 0.39}),
+        ),
+        records.stage(at + "::Map", "Map", user_ops=("MapDataset:0",), blocking_ms=19.3, functions=python),
+        records.stage(at + "::Map::ForeverRepeat", "ForeverRepeat", pass_through=True, blocking_ms=0.1),
+        records.stage(at + "::Map::ForeverRepeat::TensorSlice", "TensorSlice", blocking_ms=0.2),
+    )
+    wait = records.wait(step_ms=22.2, input_ms=20.1, compute_ms=0.3, overhead_ms=1.8, cpu_budget=2, stages=tree)
+    causes = Causes(22.2)
+    input_causes.input_causes(wait, cpu_only=True, causes=causes)
+    upper = [r for r in causes.found if r.stage == at]
+    assert upper and all(not (r.estimates and "cache" in r.estimates) for r in upper)
+    assert max(causes.found, key=lambda r: r.estimated_gain).cause == "python-in-map"

@@ -92,6 +92,16 @@ class Pipeline:
         )
 
 
+def _own_work(s: Stage) -> float:
+    """A stage's own core-ms per step: its function's calls, a reader's reading."""
+    return s.functions.work_ms if s.functions else (s.busy_ms if s.kind in iw.READERS else 0.0)
+
+
+def draws(shares: dict) -> bool:
+    """Augmentation or Python ops in a function's op time: what it makes may differ every call."""
+    return bool(shares.get("augmentation", 0.0) or shares.get("python", 0.0))
+
+
 @dataclass
 class Blame:
     """The wait charged to one stage (with the stages grouped under it), and that stage's facts."""
@@ -144,8 +154,17 @@ class Blame:
 
     @property
     def varies(self) -> bool:
-        """Augmentation or Python ops ran in its function: what it makes may differ every epoch."""
-        return bool(self.shares.get("augmentation", 0.0) or self.shares.get("python", 0.0))
+        """Augmentation or Python ops ran in its function, or in one under it that no cache keeps already: what a
+        cache after it would keep may differ every epoch. Left out, a cache after a map that only checks shapes was
+        offered at x11.2 over the sleeping Python lookup below it (held-out lookup_in_map)."""
+        return any(draws(st.op_shares(s.functions)) for s in self.cached_stages)
+
+    @property
+    def cached_stages(self) -> list[Stage]:
+        """This stage and those under it that a cache after it would keep: down to a cache of their own."""
+        below = [s for s in self.pipeline.stages if st.under(s.path, self.head.path)]
+        kept = [c.path for c in below if st.is_cache(c)]
+        return [self.head] + [s for s in below if not any(s.path == c or st.under(s.path, c) for c in kept)]
 
     @property
     def deterministic(self) -> bool:
@@ -195,12 +214,7 @@ class Blame:
     def work_below(self) -> float:
         """The core-ms per step of this stage's function and every stage under it (their functions, the readers):
         the work a cache after it removes from every epoch after the first."""
-        head = self.head
-        found = 0.0
-        for s in self.pipeline.stages:
-            if s is head or st.under(s.path, head.path):
-                found += s.functions.work_ms if s.functions else (s.busy_ms if s.kind in iw.READERS else 0.0)
-        return found
+        return sum(_own_work(s) for s in self.cached_stages)
 
     @cached_property
     def wait_below(self) -> float:
@@ -208,12 +222,8 @@ class Blame:
         (their functions' wall time, a reader's reading): a cache after this stage serves every epoch after the first
         from memory, so their wait goes with its own. Left out, a cache after a map over files read one after
         another was estimated x1.30 where prove measured x7.0 (many_files_sequential, the reads its wait)."""
-        found = 0.0
-        for s in self.pipeline.stages:
-            if st.under(s.path, self.head.path) and all(s is not m for m in self.unit.members):
-                own = s.functions.wall_ms if s.functions else (s.busy_ms if s.kind in iw.READERS else 0.0)
-                found += min(s.blocking_ms, own)
-        return found
+        outside = [s for s in self.cached_stages[1:] if all(s is not m for m in self.unit.members)]
+        return sum(min(s.blocking_ms, s.functions.wall_ms if s.functions else _own_work(s)) for s in outside)
 
     @property
     def cached(self) -> float:
