@@ -136,7 +136,10 @@ def first_or_tied(item: Run, causes: list) -> tuple[str | None, float | None]:
 def caches_above(first, rec) -> bool:
     """`first` is a cache after a stage above `rec`'s: from the second epoch on it serves from memory what `rec`'s
     stage made, so it fixes `rec`'s cause too (many_files_sequential: a cache after the parse, its reads below it)."""
-    cache = first.cause == "decode-every-epoch" or bool(first.estimates and "cache" in first.estimates)
+    if first.estimates:  # a fix of several: the cache must be what it gains by (not parallel calls)
+        cache = first.estimates.get("cache", 0.0) >= first.estimated_gain * (1 - TIE)
+    else:
+        cache = first.cause == "decode-every-epoch"
     return cache and bool(first.stage and rec.stage) and rec.stage.startswith(first.stage + "::")
 
 

@@ -32,5 +32,7 @@ def test_a_cache_above_the_planted_stage_counts_as_naming_it_and_one_beside_it_d
     assert corpus_expectations.first_or_tied(decoded, ["sequential-file-reads"])[0] == "sequential-file-reads"
     spread = first("heavy-map", at, {"parallel-calls": 4.8})  # no cache: the reads stay
     assert corpus_expectations.first_or_tied(spread, ["sequential-file-reads"]) == ("heavy-map", 4.8)
+    parallel = first("sequential-map", at, {"parallel-calls": 4.8, "cache": 2.0})  # it gains by parallel calls
+    assert corpus_expectations.first_or_tied(parallel, ["sequential-file-reads"]) == ("sequential-map", 4.8)
     beside = first("heavy-map", "Iterator::Root::Prefetch::Zip", {"cache": 4.8})
     assert corpus_expectations.first_or_tied(beside, ["sequential-file-reads"]) == ("heavy-map", 4.8)

@@ -50,15 +50,18 @@ def test_traced_work_beyond_the_process_cpu_is_deflated_and_a_device_bounds_the_
 
 def test_fixes_of_one_stage_count_once_and_fixes_of_several_add_up_within_the_input_wait():
     budget = busy_host()
-    one_stage = budget.together([("map", 3.0, 0.0), ("map", 6.0, 14.0)], input_ms=6.0)
+    one_stage = budget.together([("map", 3.0, 0.0, False), ("map", 6.0, 14.0, True)], input_ms=6.0)
     assert one_stage == pytest.approx(budget.removes(6.0, 14.0))
-    per_step = budget.together([("map", 6.0, 14.0), (None, 1.0, 1.0)], input_ms=6.0)
+    per_step = budget.together([("map", 6.0, 14.0, True), (None, 1.0, 1.0, False)], input_ms=6.0)
     assert per_step == pytest.approx(budget.removes(7.0, 15.0))
-    capped = budget.together([("a", 5.0, 0.0), ("b", 5.0, 0.0)], input_ms=6.0)
+    capped = budget.together([("a", 5.0, 0.0, False), ("b", 5.0, 0.0, False)], input_ms=6.0)
     assert capped.wait_ms == 6.0
-    # a cache of an outer map counts the inner map's work already (Blame.work_below)
-    nested = budget.together([("Root::Map", 3.0, 10.0), ("Root::Map::Map", 3.0, 4.0)], input_ms=6.0)
-    assert nested.work_ms == 10.0
+    # a cache of an outer map counts the inner stages' wait and work already (Blame.cached): the inner fix's once
+    cached = budget.together([("Root::Map", 4.0, 10.0, True), ("Root::Map::FlatMap", 1.5, 4.0, False)], input_ms=6.0)
+    assert (cached.wait_ms, cached.work_ms) == (4.0, 10.0)
+    # a fix of the outer map's own work (per-batch augmentation) leaves the inner one's to count
+    own = budget.together([("Root::Map", 3.0, 10.0, False), ("Root::Map::Map", 1.5, 4.0, False)], input_ms=6.0)
+    assert (own.wait_ms, own.work_ms) == (4.5, 14.0)
 
 
 def test_the_process_cpu_beside_a_profile_is_read_and_a_broken_one_is_refused(tmp_path):
@@ -74,11 +77,12 @@ def test_the_process_cpu_beside_a_profile_is_read_and_a_broken_one_is_refused(tm
         assert ProcessCpu.beside(session) is None
 
 
-def _files_read_one_after_another(ops_ms: dict) -> tuple:
+def _files_read_one_after_another(ops_ms: dict, opener_ops: dict | None = None) -> tuple:
     """many_files_sequential's figures as profiled: a parallel parse map over GZIP shards read one after another,
     its 23.8 ms of input wait mostly on the reader (18.0 ms) under the map (4.8 ms)."""
     top = tuple(sorted(ops_ms.items(), key=lambda item: -item[1]))
     parse = records.functions(work_ms=5.3, wall_ms=4.8, concurrency=1.0, threads=2, ops_ms=ops_ms, top_ops=top)
+    opener = records.functions(work_ms=0.16, wall_ms=0.16, ops_ms=opener_ops or {})
     at = "Iterator::Root::Prefetch::MapAndBatch"
     tree = (
         records.stage("Iterator::Root", "Root", pass_through=True),
@@ -89,7 +93,7 @@ def _files_read_one_after_another(ops_ms: dict) -> tuple:
             at + "::ForeverRepeat::FlatMap",
             "FlatMap",
             blocking_ms=0.7,
-            functions=records.functions(work_ms=0.16, wall_ms=0.16),
+            functions=opener,
         ),
         records.stage(at + "::ForeverRepeat::FlatMap::TFRecord", "TFRecord", blocking_ms=18.0, busy_ms=23.5),
     )
@@ -103,14 +107,20 @@ def test_a_cache_after_a_map_removes_the_wait_on_the_reads_under_it_too():
     """Counting the map's own wait alone, this cache was estimated x1.30 where prove measured x7.0."""
     at, found = _files_read_one_after_another({"decode": 3.0, "other": 2.0})
     (cache,) = [r for r in found if r.stage == at]
-    wait, work = cache.frees
-    assert wait == pytest.approx(4.8 + 0.16 + 18.0)  # the FlatMap's wait as far as its own work explains it
+    wait, work, covers = cache.frees
+    assert covers and wait == pytest.approx(4.8 + 0.16 + 18.0)  # the FlatMap's wait as far as its own work explains it
     assert work == pytest.approx(5.3 + 0.16 + 23.5)
     assert cache.estimated_gain >= 3.0
     # a map that draws at random cannot be cached: nothing removes the reads but reading them in parallel
     at, found = _files_read_one_after_another({"decode": 1.5, "augmentation": 0.2, "other": 3.3})
     assert all(not (r.estimates and "cache" in r.estimates) for r in found if r.stage == at)
     assert all(r.estimated_gain < 1.5 for r in found if r.stage == at)
+    # nor one over a stage that draws: a cache would keep its draws. A decode split off the map and cached alone
+    # removes the decode's share of the map's wait and work, not the reads
+    at, found = _files_read_one_after_another({"decode": 3.0, "other": 2.0}, {"augmentation": 0.1})
+    (decode,) = [r for r in found if r.stage == at]
+    assert decode.cause == "decode-every-epoch" and "`.map(decode).cache().map(augment)`" in decode.fix
+    assert decode.frees[:2] == pytest.approx((4.8 * 0.6, 5.3 * 0.6)) and not decode.frees[2]
 
 
 def test_no_cache_is_offered_over_python_below_the_stage():
@@ -124,11 +134,11 @@ def test_no_cache_is_offered_over_python_below_the_stage():
         records.stage(
             at,
             "MapAndBatch",
-            user_ops=("MapDataset:1",),
+            user_ops=("MapDataset",),
             blocking_ms=0.4,
             functions=records.functions(work_ms=0.39, wall_ms=0.39, ops_ms={"other": 0.39}),
         ),
-        records.stage(at + "::Map", "Map", user_ops=("MapDataset:0",), blocking_ms=19.3, functions=python),
+        records.stage(at + "::Map", "Map", user_ops=("MapDataset",), blocking_ms=19.3, functions=python),
         records.stage(at + "::Map::ForeverRepeat", "ForeverRepeat", pass_through=True, blocking_ms=0.1),
         records.stage(at + "::Map::ForeverRepeat::TensorSlice", "TensorSlice", blocking_ms=0.2),
     )

@@ -61,9 +61,10 @@ class Pipeline:
         device = self.wait.device.busy_ms if self.wait.device and not self.cpu_only else 0.0
         return Budget(step, self.other_ms, cores, used, measured, device, work + self.other_ms)
 
-    def removes(self, wait_ms: float = 0.0, work_ms: float = 0.0) -> float:
-        """The step time a fix removes that shortens the wait by `wait_ms` and removes `work_ms` core-ms."""
-        return self.budget.removes(wait_ms, work_ms)
+    def removes(self, wait_ms: float = 0.0, work_ms: float = 0.0, covers_below: bool = False) -> float:
+        """The step time a fix removes that shortens the wait by `wait_ms` and removes `work_ms` core-ms
+        (`covers_below`: a cache's, counting the stages under its own)."""
+        return self.budget.removes(wait_ms, work_ms, covers_below)
 
     @property
     def cores_note(self) -> str:
@@ -226,10 +227,17 @@ class Blame:
         return sum(min(s.blocking_ms, s.functions.wall_ms if s.functions else _own_work(s)) for s in outside)
 
     @property
+    def below_note(self) -> str:
+        """What a cache after it removes beside its own wait, said where it counts (empty otherwise)."""
+        if self.wait_below < 0.1:
+            return ""
+        return f", with the {ms(self.wait_below)} per step of wait on the stages under it (it keeps their work too)"
+
+    @property
     def cached(self) -> float:
         """The step time a cache after this stage removes: its wait and the wait below it, and all that work from
         the cores."""
-        return self.pipeline.removes(self.worked + self.wait_below, self.work_below)
+        return self.pipeline.removes(self.worked + self.wait_below, self.work_below, covers_below=True)
 
     def add(self, cause, title, removes_ms, evidence, fix, caveat=None, removes=None) -> None:
         self.pipeline.causes.add(cause, title, removes_ms, evidence, fix, caveat, stage=self.head.path, removes=removes)
@@ -256,9 +264,10 @@ class Blame:
     def cache_line(self) -> str:
         element = st.element_bytes(self.head)
         return (
-            "no random op of it was recorded (no augmentation op ran and it does not run after a cache), so "
-            "`.cache()` right after it keeps its output and "
+            "no random or Python op was recorded in it or in what a cache after it would keep (and it does not run "
+            "after a cache), so `.cache()` right after it keeps its output and "
             "removes it from every epoch after the first"
+            + self.below_note
             + self.cache_moves
             + (
                 f" ({element / 1e6:.2f} MB per element in memory; `.cache(filename)` writes to disk instead)"

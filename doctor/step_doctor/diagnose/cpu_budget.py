@@ -80,9 +80,10 @@ class Removal(float):
     """The step time a fix removes, with what it is made of: the wait it shortens and the core-ms it removes (so
     that fixes can be estimated together: Budget.together)."""
 
-    def __new__(cls, removed_ms: float, wait_ms: float = 0.0, work_ms: float = 0.0):
+    def __new__(cls, removed_ms: float, wait_ms: float = 0.0, work_ms: float = 0.0, covers_below: bool = False):
         found = super().__new__(cls, removed_ms)
         found.wait_ms, found.work_ms = wait_ms, work_ms
+        found.covers_below = covers_below  # a cache: its wait and work count the stages under its own
         return found
 
 
@@ -125,24 +126,27 @@ class Budget:
         by_cores = max(U - work, self.rest_ms if work else 0.0) / self.cores
         return max(by_latency, by_cores, self.floor_ms, 0.0)
 
-    def removes(self, wait_ms: float = 0.0, work_ms: float = 0.0) -> Removal:
+    def removes(self, wait_ms: float = 0.0, work_ms: float = 0.0, covers_below: bool = False) -> Removal:
         """The step time the fix removes (T - T'): what a recommendation scores and gains by."""
-        return Removal(max(self.step_ms - self.step_after(wait_ms, work_ms), 0.0), wait_ms, work_ms)
+        return Removal(max(self.step_ms - self.step_after(wait_ms, work_ms), 0.0), wait_ms, work_ms, covers_below)
 
-    def together(self, parts: list[tuple[str | None, float, float]], input_ms: float) -> Removal:
-        """The step time several fixes remove together, each (stage, wait, work): on one stage the larger wait and
-        work count (a cache after a map and its parallel calls remove one wait), over stages they add up, the waits
-        on stages to at most the input wait `input_ms`; a fix of no stage (per-step overhead) adds its own."""
+    def together(self, parts: list[tuple[str | None, float, float, bool]], input_ms: float) -> Removal:
+        """The step time several fixes remove together, each (stage, wait, work, covers_below): on one stage the
+        larger wait and work count (a cache after a map and its parallel calls remove one wait), over stages they add
+        up, the waits on stages to at most the input wait `input_ms`; a fix of no stage (per-step overhead) adds its
+        own. A cache's wait and work count the stages under it (Blame.cached), so a fix under one counts once."""
         waits: dict = {}
         works: dict = {}
-        for stage, wait, work in parts:
+        covering = set()
+        for stage, wait, work, covers in parts:
             waits[stage] = max(waits.get(stage, 0.0), wait)
             works[stage] = max(works.get(stage, 0.0), work)
+            if covers and stage:
+                covering.add(stage)
         own = waits.pop(None, 0.0)
-        # a stage's work counts the stages under it (Blame.work_below): one under another counted stage counts once
-        nested = {s for s in works if s and any(t and t != s and works[t] and s.startswith(t + "::") for t in works)}
+        nested = {s for s in works if s and any(s != t and s.startswith(t + "::") for t in covering)}
         work = sum(w for s, w in works.items() if s not in nested)
-        return self.removes(min(sum(waits.values()), input_ms) + own, work)
+        return self.removes(min(sum(w for s, w in waits.items() if s not in nested), input_ms) + own, work)
 
     @property
     def words(self) -> str:

@@ -61,6 +61,13 @@ def blocking_stage(b: Blame) -> None:
     return heavy_map(b)
 
 
+SPLIT = (
+    " Its function (or one under it that a cache would keep) also runs random or Python ops, so a cache after it "
+    "would keep their first draws: split the decode into a map of its own, cache after that map and run the rest "
+    "after the cache (`.map(decode).cache().map(augment)`)."
+)
+
+
 def python_generator(b: Blame) -> None:
     if python_tokenizer(b):
         return python_tokenization(b)
@@ -232,7 +239,11 @@ def sequential_map(b: Blame) -> None:
         f"{b.text}: a map written without num_parallel_calls (MapDataset), {rescued}; {b.ran}{busy}",
         fix,
         f"Estimate: parallel calls spread the work over {b.pipeline.cores_note}"
-        + (f", a cache removes its {ms(b.work_below)} of CPU per step; both" if b.deterministic else ";")
+        + (
+            f", a cache removes the {ms(b.work_below)} of CPU per step it and what it reads use; both"
+            if b.deterministic
+            else ";"
+        )
         + f" within the cores' budget: {budget.words}. On a CPU-only profile "
         "the map and the model share those cores, so whether the map is slow by itself or starved by the model "
         "cannot be told apart here." + b.counted,
@@ -262,16 +273,25 @@ def slow_augmentation(b: Blame) -> None:
 
 
 def decode_every_epoch(b: Blame) -> None:
+    # a cache of a split-off decode keeps the decode alone: its share of the stage's own wait and work
+    decode = b.shares["decode"]
+    removes = b.cached if b.deterministic else b.pipeline.removes(b.worked * decode, b.fn.work_ms * decode)
     b.add(
         "decode-every-epoch",
         "Decoding every example every epoch",
-        b.cached,
-        f"{b.text}: {b.shares['decode']:.0%} of its op time decodes; {b.ran}",
+        removes,
+        f"{b.text}: {decode:.0%} of its op time decodes; {b.ran}",
         "`.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()` keeps decoded examples after the first "
         "epoch; if they do not fit in memory, decode at reduced size (`tf.io.decode_jpeg(data, ratio=2)`, "
-        "`tf.io.decode_and_crop_jpeg`) or `.cache(filename)`. In this template: pipeline.cache: auto, "
-        "pipeline.scaled_decode, pipeline.random_crop.",
-        "Estimate: decoding vanishes after the first epoch under a cache." + b.counted,
+        "`tf.io.decode_and_crop_jpeg`) or `.cache(filename)`."
+        + ("" if b.deterministic else SPLIT)
+        + " In this template: pipeline.cache: auto, pipeline.scaled_decode, pipeline.random_crop.",
+        (
+            "Estimate: decoding vanishes after the first epoch under a cache" + b.below_note + "."
+            if b.deterministic
+            else f"Estimate: the decode's share of its work and wait ({decode:.0%}) vanishes after the first epoch."
+        )
+        + b.counted,
     )
 
 
@@ -285,7 +305,7 @@ def heavy_map(b: Blame) -> None:
             f"{b.cache_line[0].upper()}{b.cache_line[1:]}. Otherwise give the pipeline more cores: {more_cores}. "
             "In this template: pipeline.cache: auto, pipeline.data_service."
         )
-        caveat = "the map vanishes after the first epoch under a cache."
+        caveat = f"the map vanishes after the first epoch under a cache{b.below_note}."
     else:
         fix = (
             f"Give the pipeline more cores: {more_cores}; or move the work into the model (on the accelerator) "

@@ -52,7 +52,8 @@ class Recommendation:
     estimates: dict[str, float] | None = None  # where the fix offers several: each one's estimated gain, by the name
     # profile --prove applies it under (parallel-calls, cache, ...)
     proofs: tuple[Proof, ...] = ()  # what `profile --prove` measured for its fixes, where it tested them
-    frees: tuple[float, float] | None = None  # (wait ms, core-ms) its fix removes per step, where the estimate was
+    frees: tuple[float, float, bool] | None = None  # (wait ms, core-ms, covers the stages below) its fix removes per
+    # step, where the estimate was
     # made within the cores' budget (cpu_budget.py): how fixes are estimated together; not written out
 
     def to_json(self) -> dict:
@@ -84,7 +85,11 @@ class Causes:
                 caveat=caveat,
                 stage=stage,
                 estimates={name: gain(step, ms) for name, ms in removes.items()} if removes else None,
-                frees=(removes_ms.wait_ms, removes_ms.work_ms) if hasattr(removes_ms, "work_ms") else None,
+                frees=(
+                    (removes_ms.wait_ms, removes_ms.work_ms, removes_ms.covers_below)
+                    if hasattr(removes_ms, "work_ms")
+                    else None
+                ),
             )
         )
 
