@@ -57,6 +57,7 @@ import yaml
 
 from step_doctor.diagnose import xla
 from step_doctor.diagnose.diagnosis import Run, RunDiagnosis
+from step_doctor.diagnose.stages import under
 from step_doctor.diagnose.verdict import HOST_BOUND, INPUT_BOUND, host_share, verdict
 
 FILE = Path(__file__).with_name("corpus_expectations.yaml")
@@ -140,7 +141,7 @@ def caches_above(first, rec) -> bool:
         cache = first.estimates.get("cache", 0.0) >= first.estimated_gain * (1 - TIE)
     else:
         cache = first.cause == "decode-every-epoch"
-    return cache and bool(first.stage and rec.stage) and rec.stage.startswith(first.stage + "::")
+    return cache and bool(first.stage and rec.stage) and under(rec.stage, first.stage)
 
 
 NEAR_POINTS = 3.0  # an input share this close to the input-bound threshold reads either side of it by run-to-run noise

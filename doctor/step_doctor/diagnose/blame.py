@@ -160,7 +160,7 @@ class Blame:
         offered at x11.2 over the sleeping Python lookup below it (held-out lookup_in_map)."""
         return any(draws(st.op_shares(s.functions)) for s in self.cached_stages)
 
-    @property
+    @cached_property
     def cached_stages(self) -> list[Stage]:
         """This stage and those under it that a cache after it would keep: down to a cache of their own."""
         below = [s for s in self.pipeline.stages if st.under(s.path, self.head.path)]
